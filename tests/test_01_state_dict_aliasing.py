@@ -1,0 +1,84 @@
+"""Notebook 01: state_dict aliasing. The checks, driven on right and wrong implementations."""
+
+import copy
+
+import pytest
+import torch
+
+from autograder import state_dict_aliasing as checks
+from check_outcomes import failing_checks, failure_of
+from fixtures import state_dict_aliasing_impls as impls
+
+# The visible test arguments and the hidden ones the notebook uses.
+ARGUMENTS = [dict(), dict(seed=7, variant="sgd_momentum"), dict(seed=11, variant="adam_batchnorm")]
+
+
+@pytest.mark.parametrize("kwargs", ARGUMENTS, ids=lambda k: k.get("variant", "visible"))
+@pytest.mark.parametrize("snapshot", impls.CORRECT_SNAPSHOTS, ids=lambda f: f.__name__)
+def test_correct_snapshots_pass_every_check(snapshot, kwargs):
+    assert failing_checks(checks, impls.SNAPSHOT_CHECKS, snapshot, **kwargs) == set()
+
+
+@pytest.mark.parametrize("kwargs", ARGUMENTS, ids=lambda k: k.get("variant", "visible"))
+@pytest.mark.parametrize("restore", impls.CORRECT_RESTORES, ids=lambda f: f.__name__)
+def test_correct_restores_pass_every_check(restore, kwargs):
+    assert failing_checks(checks, impls.RESTORE_CHECKS, restore, **kwargs) == set()
+
+
+@pytest.mark.parametrize("wrong", list(impls.WRONG), ids=lambda f: f.__name__)
+def test_each_trap_loses_exactly_its_checks(wrong):
+    variant, expected = impls.WRONG[wrong]
+    names = impls.SNAPSHOT_CHECKS if wrong.__name__.startswith("snapshot") else impls.RESTORE_CHECKS
+    assert failing_checks(checks, names, wrong, variant=variant) == expected
+
+
+def test_live_state_dict_is_caught_with_a_message_naming_the_trap():
+    message = failure_of(checks.check_snapshot_state_optimizer, impls.snapshot_live_references)
+    assert "shares storage with the live optimizer's exp_avg" in message
+    message = failure_of(checks.check_snapshot_state_model, impls.snapshot_detach_is_not_a_copy)
+    assert "state_dict() returns references" in message
+
+
+def test_step_counter_alias_is_named():
+    message = failure_of(checks.check_snapshot_state_optimizer, impls.snapshot_step_count_aliased)
+    assert "step count" in message and "in place" in message
+
+
+def test_load_side_aliasing_is_named():
+    message = failure_of(checks.check_restore_state_twice, impls.restore_aliasing)
+    assert "load_state_dict(d) keeps using d's tensors" in message
+
+
+def test_hidden_batchnorm_variant_catches_parameters_only_snapshot():
+    # The visible Adam model has no buffers, so only the hidden variant shows this trap.
+    assert failure_of(checks.check_snapshot_state_model, impls.snapshot_parameters_only) is None
+    assert failure_of(checks.check_snapshot_state_model, impls.snapshot_parameters_only,
+                      seed=11, variant="adam_batchnorm")
+
+
+def test_a_hard_coded_snapshot_fails_the_hidden_seed():
+    """A learner who returns a snapshot captured once (from the visible run) cannot pass other seeds."""
+    run = checks._Run(0)
+    run.train(3)
+    frozen = copy.deepcopy({"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()})
+    assert failure_of(checks.check_snapshot_state, lambda m, o: frozen) is None
+    assert failure_of(checks.check_snapshot_state, lambda m, o: frozen, seed=7) is not None
+
+
+def test_checks_report_a_non_callable_answer():
+    assert "should be a function" in failure_of(checks.check_snapshot_state, None)
+
+
+def test_torch_behaviour_the_notebook_teaches():
+    """The facts notebook 01 is built on, against the installed torch."""
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    assert model.state_dict()["weight"].data_ptr() == model.weight.data_ptr()
+    state = optimizer.state_dict()["state"][0]
+    assert state["exp_avg"] is optimizer.state[model.weight]["exp_avg"]
+    snapshot = copy.deepcopy(optimizer.state_dict())
+    fresh = torch.optim.Adam(model.parameters())
+    fresh.load_state_dict(snapshot)
+    assert fresh.state[model.weight]["exp_avg"] is snapshot["state"][0]["exp_avg"]
