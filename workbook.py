@@ -39,7 +39,11 @@ def ensure_environment() -> None:
         return
     if not PYTHON.exists():
         say(f"creating a virtual environment in {VENV.relative_to(ROOT)}/")
-        venv.EnvBuilder(with_pip=True).create(VENV)
+        try:
+            venv.EnvBuilder(with_pip=True).create(VENV)
+        except subprocess.CalledProcessError:
+            raise SystemExit("[workbook] could not create a virtual environment with pip in it. On Debian "
+                             "or Ubuntu, install the python3-venv package first.") from None
     say("installing the workbook and its dependencies (first run only; torch is the big one)")
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     "-e", f"{ROOT}[dev]"], check=True)
