@@ -81,6 +81,9 @@ def main(argv: list[str]) -> int:
     command, extra = argv[0], argv[1:]
     ensure_environment()
     if command == "lab":
+        if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
+            say("running as root (a container?): passing --allow-root to JupyterLab")
+            extra = ["--allow-root", *extra]
         return run([str(BIN / "jupyter"), "lab", "--ServerApp.root_dir=notebooks", *extra])
     if command == "test":
         return run([str(PYTHON), "-m", "pytest", *extra])
