@@ -1,0 +1,246 @@
+"""Notebook 07's real multi-process demo: data-parallel training on torch.distributed (gloo, CPU).
+
+The worker lives in this module, not in a notebook cell, because a function defined
+in a cell cannot be pickled for ``spawn``. On Linux the ranks are started with
+``fork`` (the children inherit the imported torch, so 4 ranks start in well under
+a second instead of several); elsewhere ``spawn`` imports this module.
+
+A job trains a tiny linear model (plain SGD, so no optimizer state: notebook 07
+is about the data position) on a fixed *plan*: for each rank, the list of
+``(global position, dataset index)`` pairs it trains, in order, ``micro_batch`` at a
+time. Every optimizer update averages the gradients over all ranks with
+``all_reduce`` (what DDP does during backward), after which rank 0 writes an
+atomic checkpoint holding the model and the **global cursor**: how
+many positions of the epoch's global order are committed. Every rank logs each
+microbatch it fetches, so an audit can compare what was fetched, committed and
+trained. ``kill=(rank, step)`` makes that rank SIGKILL itself right after fetching
+its microbatch of that step, the way an out-of-memory kill or a lost node ends a
+job: no exception, no cleanup, no final checkpoint.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from .helpers import regression_data
+
+MICRO_BATCH = 2
+LEARNING_RATE = 0.3
+
+
+@dataclasses.dataclass
+class Job:
+    """Everything a rank needs; plain data, so it also travels to ``spawn``ed ranks."""
+
+    plan: list[list[tuple[int, int]]]      # per rank: (global position, dataset index) pairs
+    workdir: str
+    n: int                                  # dataset size
+    seed: int                               # sampler seed (recorded in the checkpoint)
+    epoch: int
+    start_cursor: int = 0                   # global positions committed before this job
+    resume: bool = False                    # load the checkpoint in workdir first
+    kill: tuple[int, int] | None = None     # (rank, step): SIGKILL there
+    micro_batch: int = MICRO_BATCH
+    name: str = "job"                       # names this job's fetch logs
+    port: int = 0                           # the launcher's rendezvous store (127.0.0.1 only)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.plan)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return Path(self.workdir) / "checkpoint.pt"
+
+
+@dataclasses.dataclass
+class Fetched:
+    rank: int
+    step: int
+    position: int
+    index: int
+
+
+@dataclasses.dataclass
+class JobReport:
+    world_size: int
+    exit_codes: dict[int, int | None]
+    fetched: list[Fetched]
+    checkpoint: dict | None
+    seconds: float
+    errors: dict[int, str] = dataclasses.field(default_factory=dict)   # rank -> last line of its exception
+
+    @property
+    def killed(self) -> list[int]:
+        return [rank for rank, code in self.exit_codes.items() if code == -signal.SIGKILL]
+
+
+def plan_from_shards(shards: list[list[int]], start_cursor: int = 0) -> list[list[tuple[int, int]]]:
+    """Attach global positions to per-rank index lists laid out as rank r = order[r::world_size]."""
+    world_size = len(shards)
+    return [[(start_cursor + i * world_size + rank, index) for i, index in enumerate(shard)]
+            for rank, shard in enumerate(shards)]
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Linear(4, 1)
+
+
+def _atomic_save(obj, path: Path) -> None:
+    # A SIGKILL mid-write must never leave a half-written file under the name we resume from.
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _silence_this_process(log_path: Path) -> None:
+    """Send the rank's stdout/stderr (Python's and the C++ libraries') to a log file."""
+    log = open(log_path, "w", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    warnings.simplefilter("ignore")
+
+
+def _worker(rank: int, job: Job) -> None:
+    workdir = Path(job.workdir)
+    _silence_this_process(workdir / f"rank{rank}.log")
+    torch.set_num_threads(1)
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
+    store = dist.TCPStore("127.0.0.1", job.port, is_master=False, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=job.world_size,
+                            timeout=timedelta(seconds=30))
+    X, y = regression_data(n=job.n, seed=1)
+    model = _model()
+    history: list[float] = []
+    if job.resume:
+        state = torch.load(job.checkpoint_path, weights_only=True)
+        model.load_state_dict(state["model"])
+        history = list(state["loss_history"])
+
+    shard = job.plan[rank]
+    with open(workdir / f"fetched_{job.name}_rank{rank}.txt", "a") as fetched_log:
+        for step, start in enumerate(range(0, len(shard), job.micro_batch)):
+            batch = shard[start:start + job.micro_batch]
+            fetched_log.write("".join(f"{step} {position} {index}\n" for position, index in batch))
+            fetched_log.flush()
+            # Every rank holds its microbatch before the crash: the demo is the same on every run.
+            dist.barrier()
+            if job.kill == (rank, step):
+                os.kill(os.getpid(), signal.SIGKILL)
+            indices = torch.tensor([index for _, index in batch])
+            loss = nn.functional.mse_loss(model(X[indices]), y[indices])
+            model.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for param in model.parameters():
+                    dist.all_reduce(param.grad)                  # what DDP does during backward
+                    param -= LEARNING_RATE * param.grad / job.world_size   # plain SGD: no optimizer state
+            mean_loss = loss.detach().clone()
+            dist.all_reduce(mean_loss)
+            history.append(mean_loss.item() / job.world_size)
+            if rank == 0:
+                _atomic_save({
+                    "model": model.state_dict(),
+                    "loss_history": history,
+                    # The data position, in units that survive a change of world size.
+                    "sampler": {"n": job.n, "seed": job.seed, "epoch": job.epoch, "drop_last": False,
+                                "world_size": job.world_size,
+                                "committed": job.start_cursor + job.world_size * (start + len(batch))},
+                }, job.checkpoint_path)
+            dist.barrier()  # the update counts as committed once its checkpoint is on disk
+    dist.destroy_process_group()
+
+
+def _read_fetched(workdir: Path, name: str, world_size: int) -> list[Fetched]:
+    records = []
+    for rank in range(world_size):
+        path = workdir / f"fetched_{name}_rank{rank}.txt"
+        if path.exists():
+            for line in path.read_text().splitlines():
+                step, position, index = map(int, line.split())
+                records.append(Fetched(rank, step, position, index))
+    return sorted(records, key=lambda r: r.position)
+
+
+def _last_line(traceback_text: str) -> str:
+    """The exception line of a rank's traceback, without the C++ source location gloo prefixes."""
+    line = traceback_text.strip().splitlines()[-1]
+    line = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ", "", line)
+    return line.split(". This is")[0][:160]
+
+
+def _start_method() -> str:
+    return "fork" if sys.platform.startswith("linux") else "spawn"
+
+
+def launch(job: Job, say=print) -> JobReport:
+    """Run one job of ``job.world_size`` processes to the end, or until a rank dies."""
+    # The launcher hosts the rendezvous store on a port the OS picks while binding it: asking for a free
+    # port first and binding it later can race with any other process doing the same (a Jupyter kernel).
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    job = dataclasses.replace(job, port=store.port)
+    say(f"launching {job.world_size} ranks (gloo on 127.0.0.1:{job.port}, {_start_method()})"
+        + (f", resuming at global position {job.start_cursor}" if job.resume else ""))
+    started = time.perf_counter()
+    # The launcher logs a warning for each rank it stops after a crash; the report below says it.
+    launcher_log = logging.getLogger("torch.multiprocessing.spawn")
+    previous_level = launcher_log.level
+    launcher_log.setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        context = mp.start_processes(_worker, args=(job,), nprocs=job.world_size, join=False,
+                                     start_method=_start_method())
+        errors: dict[int, str] = {}
+        try:
+            while not context.join():
+                pass
+        except mp.ProcessRaisedException as failure:
+            # join() has already stopped the surviving ranks; keep the last line of the traceback.
+            errors[failure.error_index] = _last_line(str(failure))
+        except mp.ProcessExitedException:
+            pass  # a rank died without a Python exception (SIGKILL): its exit code tells the story
+        finally:
+            launcher_log.setLevel(previous_level)
+            del store
+    seconds = time.perf_counter() - started
+    exit_codes = {rank: process.exitcode for rank, process in enumerate(context.processes)}
+    workdir = Path(job.workdir)
+    checkpoint = torch.load(job.checkpoint_path, weights_only=True) if job.checkpoint_path.exists() else None
+    report = JobReport(job.world_size, exit_codes, _read_fetched(workdir, job.name, job.world_size), checkpoint,
+                       seconds, errors)
+    for rank, code in exit_codes.items():
+        steps = 1 + max((r.step for r in report.fetched if r.rank == rank), default=-1)
+        how = ("finished" if code == 0 else "killed by SIGKILL" if code == -signal.SIGKILL
+               else f"failed: {errors[rank]}" if rank in errors
+               else "stopped by the launcher after the crash" if code in (-signal.SIGTERM, 1) else f"exit {code}")
+        say(f"  rank {rank}: fetched {steps} microbatch{'es' if steps != 1 else ''}, {how}")
+    cursor = checkpoint["sampler"]["committed"] if checkpoint else 0
+    say(f"  {seconds:.1f} s; durable checkpoint: global cursor {cursor}")
+    return report
+
+
+def new_workdir() -> str:
+    """A scratch folder for one demo's logs and checkpoint, removed when the Python process exits."""
+    path = tempfile.mkdtemp(prefix="gloo_demo_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
