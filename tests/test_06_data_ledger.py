@@ -1,0 +1,89 @@
+"""Notebook 06, the data ledger: every check passes the right answers and catches its trap.
+
+The arguments below are the ones the notebook's test cells use (visible, then hidden),
+so a wrong implementation is shown to fail for both.
+"""
+
+import random
+
+import pytest
+
+from autograder import data_ledger as checks
+from check_outcomes import failure_of
+from fixtures import data_ledger_impls as impls
+
+# check name -> (exercise, [visible kwargs, hidden kwargs ...]) as in the notebook's test cells
+CHECKS = {
+    "check_samples_per_update": ("samples_per_update", [{}, {"configs": ((16, 4, 8), (2, 3, 5))}]),
+    "check_ledger_counts": ("Ledger", [{}, {"config": (3, 5, 2), "updates": 17}]),
+    "check_ledger_resume": ("Ledger", [{}, {"config": (4, 8, 3), "updates": 777, "partial": 2}]),
+    "check_ledger_state_dict": ("Ledger", [{}, {"config": (2, 16, 8), "updates": 9, "partial": 5}]),
+    "check_audit": ("audit", [{}, {"seed": 1, "per_update": 48}]),
+    "check_audit_scale": ("audit", [{}, {"positions": 1_500_000, "spans": 100}]),
+    "check_window_digest_order": ("window_digest", [{}, {"seed": 3, "size": 17}]),
+    "check_window_digest_boundaries": ("window_digest", [{}, {"seed": 5}]),
+}
+
+
+def failing_checks(implementation, exercise: str, arguments: int) -> set[str]:
+    """The checks of ``exercise`` that fail on ``implementation`` with the visible (0) or hidden (1) arguments."""
+    return {name for name, (for_exercise, argument_sets) in CHECKS.items()
+            if for_exercise == exercise and failure_of(getattr(checks, name), implementation, **argument_sets[arguments])}
+
+
+def exercise_of(implementation) -> str:
+    for exercise, correct in impls.CORRECT.items():
+        if implementation.__name__.startswith(correct[0].__name__):
+            return exercise
+    raise LookupError(implementation)
+
+
+@pytest.mark.parametrize("arguments", [0, 1], ids=["visible", "hidden"])
+@pytest.mark.parametrize("implementation", [i for group in impls.CORRECT.values() for i in group],
+                         ids=lambda i: i.__name__)
+def test_correct_implementation_passes_every_check(implementation, arguments):
+    assert failing_checks(implementation, exercise_of(implementation), arguments) == set()
+
+
+@pytest.mark.parametrize("arguments", [0, 1], ids=["visible", "hidden"])
+@pytest.mark.parametrize("implementation", list(impls.WRONG), ids=lambda i: i.__name__)
+def test_each_trap_fails_exactly_its_checks(implementation, arguments):
+    assert failing_checks(implementation, exercise_of(implementation), arguments) == impls.WRONG[implementation]
+
+
+def test_worked_example_numbers():
+    """The figures the notebook prints: 64 samples per update, 80,000 committed, 80,048 fetched."""
+    ledger = impls.Ledger(*checks.WORKED_EXAMPLE)
+    checks._train(ledger, checks.WORKED_EXAMPLE, checks.WORKED_UPDATES, partial=checks.CRASH_MICROBATCHES)
+    assert impls.samples_per_update(*checks.WORKED_EXAMPLE) == 64
+    assert (ledger.fetched, ledger.committed, ledger.resume_position) == (80_048, 80_000, 80_000)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_reference_audit_agrees_with_the_solution_on_random_runs(seed):
+    expected, trained = checks._random_scenario(random.Random(seed), per_update=16)
+    assert impls.audit(expected, trained) == checks.reference_audit(expected, trained)
+
+
+def test_resume_at_fetched_count_is_named_with_the_48_skipped_positions():
+    assert "skips 48 positions" in failure_of(checks.check_ledger_resume, impls.LedgerResumesAtFetched)
+
+
+def test_per_sample_audit_is_named_by_its_memory_per_position():
+    assert "bytes per position" in failure_of(checks.check_audit_scale, impls.audit_per_sample_sets)
+
+
+def test_inclusive_stops_are_named_as_a_half_open_mistake():
+    assert "half-open" in failure_of(checks.check_audit, impls.audit_inclusive_stops)
+
+
+def test_order_insensitive_digest_is_named():
+    assert "wrong order" in failure_of(checks.check_window_digest_order, impls.window_digest_sorted)
+
+
+def test_padding_repeats_source_ids_but_not_positions():
+    """What the notebook shows: DistributedSampler pads by repeating indices, positions stay distinct."""
+    from torch.utils.data import DistributedSampler
+    order = [i for rank in range(4) for i in DistributedSampler(range(10), num_replicas=4, rank=rank, shuffle=False)]
+    assert len(order) == 12 and len(set(order)) == 10
+    assert impls.audit([range(0, 12)], [range(0, 12)]) == {"replayed": [], "omitted": []}
