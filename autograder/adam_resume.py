@@ -1,0 +1,337 @@
+"""Checks for notebook 02: Adam's bias correction lost on a weights-only resume.
+
+The learner writes Adam in NumPy (float64) with the state ``{"m", "v", "t"}``,
+then saves and resumes it. The reference for every check is ``torch.optim.Adam``
+itself, run in float64 on the same NumPy problem, so this module holds no
+NumPy Adam to copy from. Textbook Adam (m-hat / v-hat) and PyTorch's rearranged
+form round differently, so single steps are compared within a few ulps; a
+resume is compared bitwise against the uninterrupted run, because both go
+through the very same arithmetic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+
+import numpy as np
+import torch
+
+from .checking import expect, graded_check, require_callable
+
+ULPS = 16  # a single Adam step: textbook and PyTorch forms differ by at most a few ulps
+
+
+# ---- what the notebook provides ------------------------------------------------------------
+
+@dataclasses.dataclass
+class RegressionProblem:
+    """Least squares ``0.5 * mean((X @ w - y)**2)`` in float64, with its exact gradient."""
+
+    X: np.ndarray
+    y: np.ndarray
+    w0: np.ndarray
+
+    def loss(self, w: np.ndarray) -> float:
+        return float(0.5 * np.mean((self.X @ w - self.y) ** 2))
+
+    def grad(self, w: np.ndarray) -> np.ndarray:
+        return self.X.T @ (self.X @ w - self.y) / len(self.y)
+
+
+def regression_problem(seed: int = 0, n: int = 32, dim: int = 5) -> RegressionProblem:
+    """A small, well-conditioned regression: Adam brings the loss down within 100 steps."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, dim))
+    true_w = rng.normal(size=dim)
+    y = X @ true_w + 0.1 * rng.normal(size=n)
+    return RegressionProblem(X, y, w0=np.zeros(dim))
+
+
+def new_adam_state(w: np.ndarray) -> dict:
+    """Adam before its first step: both moments zero, no step taken yet (t counts completed steps)."""
+    return {"m": np.zeros_like(w, dtype=np.float64), "v": np.zeros_like(w, dtype=np.float64), "t": 0}
+
+
+# ---- the reference: torch.optim.Adam driving NumPy arrays ------------------------------------
+
+HYPER = ("lr", "beta1", "beta2", "eps")
+
+
+class TorchAdam:
+    """torch.optim.Adam in float64 on one parameter vector, fed NumPy gradients.
+
+    Starting from a NumPy Adam state, it continues exactly as PyTorch would: the
+    state maps onto PyTorch's ``exp_avg``, ``exp_avg_sq`` and ``step``.
+    """
+
+    def __init__(self, w: np.ndarray, state: dict | None = None, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8):
+        self.param = torch.nn.Parameter(torch.tensor(np.asarray(w, dtype=np.float64)))
+        self.optimizer = torch.optim.Adam([self.param], lr=lr, betas=(beta1, beta2), eps=eps)
+        if state is not None and int(state["t"]) > 0:
+            self.optimizer.load_state_dict({
+                "state": {0: {"step": torch.tensor(float(int(state["t"])), dtype=torch.float64),
+                              "exp_avg": torch.tensor(np.asarray(state["m"], dtype=np.float64)),
+                              "exp_avg_sq": torch.tensor(np.asarray(state["v"], dtype=np.float64))}},
+                "param_groups": self.optimizer.state_dict()["param_groups"],
+            })
+
+    @property
+    def w(self) -> np.ndarray:
+        return self.param.detach().numpy().copy()
+
+    @property
+    def state(self) -> dict:
+        s = self.optimizer.state.get(self.param)
+        if not s:
+            return new_adam_state(self.w)
+        return {"m": s["exp_avg"].numpy().copy(), "v": s["exp_avg_sq"].numpy().copy(), "t": int(s["step"])}
+
+    def step(self, grad: np.ndarray) -> None:
+        self.param.grad = torch.tensor(np.asarray(grad, dtype=np.float64))
+        self.optimizer.step()
+
+    def run(self, grad_fn, n: int) -> np.ndarray:
+        for _ in range(n):
+            self.step(grad_fn(self.w))
+        return self.w
+
+
+def hyper(**hp) -> dict:
+    return {k: v for k, v in hp.items() if k in HYPER}
+
+
+# ---- small utilities for messages ------------------------------------------------------------
+
+def _ulps(got: np.ndarray, ref: np.ndarray, scale: np.ndarray) -> float:
+    """Largest difference in units of the last place of ``scale`` (the magnitudes involved)."""
+    return float(np.max(np.abs(got - ref) / np.spacing(np.maximum(np.abs(scale), np.abs(ref)))))
+
+
+def _as_weights(value, like: np.ndarray, what: str) -> np.ndarray:
+    expect(value is not None, f"{what} returned None: it should return the weights as a NumPy array.")
+    expect(isinstance(value, np.ndarray),
+           f"{what} returned a {type(value).__name__}; return the weights as a NumPy array.")
+    expect(value.shape == like.shape, f"{what} returned weights of shape {value.shape}, expected {like.shape}.")
+    return value
+
+
+def _as_state(state, like: np.ndarray, what: str) -> dict:
+    expect(isinstance(state, dict), f"{what} should be a dict {{'m', 'v', 't'}}, not {type(state).__name__}.")
+    missing = [k for k in ("m", "v", "t") if k not in state]
+    expect(not missing, f"{what} has no {missing} entry (its keys are {sorted(map(str, state))}).")
+    for key in ("m", "v"):
+        expect(np.shape(state[key]) == like.shape,
+               f"{what}[{key!r}] has shape {np.shape(state[key])}, expected {like.shape}.")
+    expect(float(state["t"]) == int(float(state["t"])), f"{what}['t'] should count steps, but it is {state['t']!r}.")
+    return state
+
+
+def _problem_and_gradients(seed: int, steps: int, hp: dict):
+    """The reference trajectory: weights, gradient and PyTorch's state before each step."""
+    problem = regression_problem(seed)
+    reference = TorchAdam(problem.w0, **hp)
+    trajectory = []
+    for _ in range(steps):
+        w, state = reference.w, reference.state
+        g = problem.grad(w)
+        reference.step(g)
+        trajectory.append((w, g, state, reference.w))
+    return problem, trajectory
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+@graded_check("adam_step matches torch.optim.Adam step by step (within a few ulps)")
+def check_adam_step(adam_step, seed: int = 0, steps: int = 30, **hp) -> None:
+    require_callable(adam_step, "adam_step")
+    hp = hyper(**hp)
+    lr = hp.get("lr", 1e-3)
+    _, trajectory = _problem_and_gradients(seed, steps, hp)
+    for k, (w, g, state, expected) in enumerate(trajectory):
+        # Each step starts from PyTorch's own state, so this check is about the update rule only.
+        got = _as_weights(adam_step(w.copy(), g.copy(), {"m": state["m"].copy(), "v": state["v"].copy(),
+                                                         "t": state["t"]}, **hp), w, "adam_step")
+        scale = np.maximum(np.abs(w), np.abs(expected))
+        if np.all(np.abs(got - expected) <= ULPS * np.spacing(scale)):
+            continue
+        moved, should = np.abs(got - w), np.abs(expected - w)
+        ratio = float(np.median(moved / np.maximum(should, 1e-300)))
+        size = (f"your step is {ratio:.3g} times PyTorch's" if abs(ratio - 1) > 0.005 else
+                "your step has about the right size, but not the right value")
+        evidence = (f"At step t={state['t'] + 1} your weights differ from torch.optim.Adam's by up to "
+                    f"{np.max(np.abs(got - expected)):.2e} (allowed: {ULPS} ulps); {size}.")
+        if not np.all(np.isfinite(got)):
+            raise AssertionError(evidence.split(";")[0] + ": your update is inf or nan. With t counting "
+                                 "completed steps, the bias correction of step t uses 1 - beta**t after t is "
+                                 "incremented; 1 - beta**0 is 0.")
+        if k == 0:
+            raise AssertionError(
+                f"{evidence} On the very first step PyTorch moves every weight by about lr = {lr:g}: "
+                f"m-hat / sqrt(v-hat) is g / |g| once both moments are bias-corrected. Check how you correct "
+                f"m and v for their zero start, and where eps goes.")
+        raise AssertionError(f"{evidence} Check the moment updates, the bias correction with the current t, "
+                             f"and where eps goes (outside the square root).")
+
+
+@graded_check("adam_step updates the state in place: t counts steps, m and v are the moving averages")
+def check_adam_step_state(adam_step, seed: int = 0, steps: int = 6, **hp) -> None:
+    require_callable(adam_step, "adam_step")
+    hp = hyper(**hp)
+    _, trajectory = _problem_and_gradients(seed, steps + 1, hp)
+    w0 = trajectory[0][0]
+    state = new_adam_state(w0)
+    for k, (w, g, _, _) in enumerate(trajectory[:steps]):
+        # Feed PyTorch's gradients whatever the returned weights are: only the state is judged here.
+        adam_step(w.copy(), g.copy(), state, **hp)
+        ref = trajectory[k + 1][2]
+        _as_state(state, w0, f"after {k + 1} call(s) of adam_step, the state")
+        expect(int(state["t"]) == k + 1,
+               f"After {k + 1} call(s) of adam_step, state['t'] is {state['t']}, expected {k + 1}: t counts "
+               f"completed steps and must grow by one per call, in the dict you were given (update it in "
+               f"place; rebinding the name `state` inside the function changes nothing for the caller).")
+        for key, name in (("m", "first moment m"), ("v", "second moment v")):
+            got = np.asarray(state[key], dtype=np.float64)
+            scale = np.maximum(np.abs(trajectory[k][2][key]), np.abs(g) if key == "m" else g * g)
+            if not np.all(np.abs(got - ref[key]) <= ULPS * np.spacing(np.maximum(scale, np.abs(ref[key])))):
+                raise AssertionError(
+                    f"After {k + 1} call(s), state[{key!r}] (the {name}) differs from torch.optim.Adam's "
+                    f"{'exp_avg' if key == 'm' else 'exp_avg_sq'} by up to {np.max(np.abs(got - ref[key])):.2e}"
+                    + (" (it is still all zeros)" if not np.any(got) else "")
+                    + f". It should be the raw moving average (not bias-corrected), kept in the state dict.")
+
+
+@graded_check("train_n_steps continues from the state it is given and counts n steps")
+def check_train_n_steps(train_n_steps, seed: int = 0, first: int = 7, then: int = 13, **hp) -> None:
+    require_callable(train_n_steps, "train_n_steps")
+    hp = hyper(**hp)
+    problem = regression_problem(seed)
+    reference = TorchAdam(problem.w0, **hp)
+    state = new_adam_state(problem.w0)
+    w = problem.w0.copy()
+    for n in (first, then):
+        w = _as_weights(train_n_steps(w, state, n, problem.grad, **hp), problem.w0, "train_n_steps")
+        expected = reference.run(problem.grad, n)
+        done = int(reference.state["t"])
+        _as_state(state, problem.w0, f"after train_n_steps, the state")
+        expect(int(state["t"]) == done,
+               f"After train_n_steps with n={first}" + (f" and then n={then}" if n == then else "")
+               + f", state['t'] is {state['t']}, expected {done}: every step must advance the state you "
+                 f"were given, and a second call must continue from it, not start a new Adam.")
+        diff = float(np.max(np.abs(w - expected)))
+        expect(diff <= 1e-9 * max(1.0, float(np.max(np.abs(expected)))),
+               f"After {done} steps in total the weights differ from torch.optim.Adam's by {diff:.2e}. "
+               f"Does train_n_steps pass the hyperparameters it receives (lr={hp.get('lr', 1e-3):g}, ...) on to "
+               f"adam_step, compute the gradient at the current weights, and continue the state it was given?")
+
+
+def _trained(seed: int, k: int, hp: dict):
+    problem = regression_problem(seed)
+    reference = TorchAdam(problem.w0, **hp)
+    reference.run(problem.grad, k)
+    return problem, reference.w, reference.state
+
+
+@graded_check("save_checkpoint writes the weights and the Adam state to disk and leaves them untouched")
+def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 9, **hp) -> None:
+    require_callable(save_checkpoint, "save_checkpoint")
+    _, w, state = _trained(seed, k, hyper(**hp))
+    before = (w.copy(), {key: np.copy(v) for key, v in state.items()})
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "adam.ckpt")
+        result = save_checkpoint(path, w, state)
+        written = [name for name in os.listdir(folder) if os.path.getsize(os.path.join(folder, name)) > 0]
+    expect(result is None, f"save_checkpoint returned a {type(result).__name__}; it should write to disk "
+                           f"and return None (the checkpoint is the file, not a value in memory).")
+    expect(written, f"save_checkpoint({os.path.basename(path)!r}, w, state) wrote nothing to disk: a "
+                    f"checkpoint kept in memory dies with the process it was meant to survive.")
+    expect(np.array_equal(w, before[0]) and all(np.array_equal(state[key], before[1][key]) for key in before[1]),
+           "Saving changed the weights or the Adam state it was given: save_checkpoint must only read them.")
+
+
+def _saved_checkpoint(save_checkpoint, folder: str, seed: int, k: int, hp: dict):
+    """Train k reference steps, save with the learner's code, then scribble over the live arrays."""
+    problem, w, state = _trained(seed, k, hp)
+    saved = (w.copy(), {key: np.copy(v) for key, v in state.items()})
+    path = os.path.join(folder, "adam.ckpt")
+    save_checkpoint(path, w, state)
+    # Training goes on in the same arrays after a save: a checkpoint that still points at them moves too.
+    w[:] = 0.0
+    state["m"][:] = 0.0
+    state["v"][:] = 0.0
+    state["t"] = -1
+    return problem, path, saved
+
+
+def _resumed(resume, path: str, like: np.ndarray, what: str):
+    result = resume(path)
+    expect(isinstance(result, tuple) and len(result) == 2,
+           f"{what}(path) should return a pair (w, state), not {type(result).__name__}.")
+    w, state = result
+    return _as_weights(w, like, what), _as_state(state, like, f"the state returned by {what}")
+
+
+def _differs(got, ref) -> str:
+    got = np.asarray(got)
+    if got.dtype != np.float64:
+        return f"it comes back as {got.dtype}, not float64"
+    return f"max |diff| {float(np.max(np.abs(got - ref))):.2e}"
+
+
+@graded_check("a full resume after a disk round trip equals the uninterrupted run bitwise")
+def check_resume_from_full_checkpoint(resume_from_full_checkpoint, save_checkpoint, seed: int = 0,
+                                      k: int = 20, n: int = 50, lr: float = 0.05, **hp) -> None:
+    require_callable(resume_from_full_checkpoint, "resume_from_full_checkpoint")
+    require_callable(save_checkpoint, "save_checkpoint")
+    hp = hyper(lr=lr, **hp)
+    with tempfile.TemporaryDirectory() as folder:
+        problem, path, (w_saved, s_saved) = _saved_checkpoint(save_checkpoint, folder, seed, k, hp)
+        w, state = _resumed(resume_from_full_checkpoint, path, problem.w0, "resume_from_full_checkpoint")
+    stale = "It matches what the arrays held after the save: the checkpoint was not really on disk."
+    expect(int(state["t"]) == k,
+           f"The resumed state has t = {state['t']}, but {k} steps were taken before the save. "
+           + ("Adam's step count restarted, so bias correction treats the resume as a fresh start. "
+              "What does your checkpoint store for t?" if int(state["t"]) == 0 else
+              stale if int(state["t"]) == -1 else "Is t saved and read back as the step count?"))
+    for key, name in (("m", "first moment m"), ("v", "second moment v")):
+        if not np.array_equal(state[key], s_saved[key]):
+            raise AssertionError(
+                f"The resumed {name} differs from the one saved ({_differs(state[key], s_saved[key])})"
+                + (": it is all zeros, as in a fresh Adam. A full checkpoint holds both moments."
+                   if not np.any(state[key]) else ". The round trip must be exact: keep float64."))
+    if not np.array_equal(w, w_saved):
+        raise AssertionError(f"The resumed weights differ from the saved ones ({_differs(w, w_saved)}). "
+                             + (stale if not np.any(w) else "The round trip must be exact: keep float64."))
+    expected = TorchAdam(problem.w0, **hp).run(problem.grad, n)
+    resumed = TorchAdam(w, state, **hp).run(problem.grad, n - k)
+    expect(np.array_equal(resumed, expected),
+           f"After resuming at step {k} and training to step {n}, the weights differ from the uninterrupted "
+           f"run by {float(np.max(np.abs(resumed - expected))):.2e}; they should be bitwise equal.")
+
+
+@graded_check("a weights-only resume restores the weights and restarts Adam's state")
+def check_resume_from_weights_only(resume_from_weights_only, save_checkpoint, seed: int = 0,
+                                   k: int = 20, lr: float = 0.05, **hp) -> None:
+    require_callable(resume_from_weights_only, "resume_from_weights_only")
+    require_callable(save_checkpoint, "save_checkpoint")
+    hp = hyper(lr=lr, **hp)
+    with tempfile.TemporaryDirectory() as folder:
+        problem, path, (w_saved, s_saved) = _saved_checkpoint(save_checkpoint, folder, seed, k, hp)
+        w, state = _resumed(resume_from_weights_only, path, problem.w0, "resume_from_weights_only")
+    if not np.array_equal(w, w_saved):
+        raise AssertionError(f"The weights-only resume did not give back the saved weights ({_differs(w, w_saved)})"
+                             + (": they look like what the arrays held after the save, so the checkpoint "
+                                "was not really on disk." if not np.any(w) else "."))
+    expect(int(state["t"]) == 0 and not np.any(state["m"]) and not np.any(state["v"]),
+           f"A weights-only resume starts a fresh Adam (m = v = 0, t = 0), but the returned state has "
+           f"t = {state['t']}, |m| up to {float(np.max(np.abs(state['m']))):.2e}, |v| up to "
+           f"{float(np.max(np.abs(state['v']))):.2e}. This function plays the mistake, so restore the weights only.")
+    # What the restart predicts: with m-hat = g and v-hat = g*g, the first step is lr * sign(g) per coordinate.
+    g = problem.grad(w)
+    after = TorchAdam(w, state, **hp).run(problem.grad, 1)
+    eps = hp.get("eps", 1e-8)
+    predicted = w - hp["lr"] * g / (np.abs(g) + eps)
+    expect(np.allclose(after, predicted, rtol=0, atol=1e-12),
+           f"After the weights-only resume the first Adam step should move each weight by lr * sign(g) "
+           f"(up to eps), but it moved by up to {float(np.max(np.abs(after - w))):.3g}.")
