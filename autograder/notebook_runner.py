@@ -202,12 +202,21 @@ class _Runner:
             return "the kernel died while running this cell (a crash, os._exit or running out of memory)"
         return None
 
-    def _start(self):
-        self.client.km = self.client.create_kernel_manager()
-        # The kernel's own stderr (start-up notices, a dying kernel's last words) is not the
-        # learner's output: cell output reaches us over the kernel protocol instead.
-        self.client.start_new_kernel(stderr=subprocess.DEVNULL)
-        self.client.start_new_kernel_client()
+    def _start(self, attempts: int = 3):
+        # A kernel can die before it answers when a port it was given is taken meanwhile by
+        # another process (on a busy machine running many kernels): try again on new ports.
+        for attempt in range(1, attempts + 1):
+            try:
+                self.client.km = self.client.create_kernel_manager()
+                # The kernel's own stderr (start-up notices, a dying kernel's last words) is not
+                # the learner's output: cell output reaches us over the kernel protocol instead.
+                self.client.start_new_kernel(stderr=subprocess.DEVNULL)
+                self.client.start_new_kernel_client()
+                return
+            except Exception:
+                self._stop()
+                if attempt == attempts:
+                    raise
 
     def _stop(self):
         try:
