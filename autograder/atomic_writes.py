@@ -1,0 +1,553 @@
+"""Checks for notebook 05: atomic checkpoint writes, proven under real crashes.
+
+``torch.save(obj, path)`` opens ``path`` for writing at once: from that moment
+until the last byte lands, the only checkpoint on the load path is a partial
+file. The crash trials fork a child (after torch is imported, so it starts in
+milliseconds), let it save, and SIGKILL it when the directory shows that a given
+share of the checkpoint's bytes has been written; then they try to load what is
+left under the final name. The other checks watch the learner's ``atomic_save``
+from outside: ``os.fsync`` / ``os.fdatasync`` / ``os.replace`` / ``os.rename`` are
+wrapped for the duration of one call (the check owns the process), recording
+what was synced, how many bytes it held at that moment, and the order of events.
+
+Conventions the notebook states: checkpoints end in ``.pt``; a writer's temp file
+ends in ``.tmp`` and lives next to its checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+from .checking import expect, graded_check, require_callable
+
+CHECKPOINT_SUFFIX = ".pt"
+TEMP_SUFFIX = ".tmp"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints to write, and telling them apart after a crash
+
+def make_checkpoint(step: int, layers: int = 16, layer_kib: int = 1024, seed: int = 0) -> dict:
+    """A checkpoint-shaped dict: a step count and ``layers`` tensors of ``layer_kib`` KiB each.
+
+    Many mid-sized tensors, not one big one: torch.save writes one record per
+    tensor, so the file grows in steps that a crash can land between.
+    """
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    numel = layer_kib * 1024 // 4
+    return {"step": step, "model": {f"layer{i}.weight": torch.randn(numel, generator=g) for i in range(layers)}}
+
+
+def same_checkpoint(a, b) -> bool:
+    if not (isinstance(a, dict) and isinstance(b, dict) and a.get("step") == b.get("step")):
+        return False
+    ma, mb = a.get("model", {}), b.get("model", {})
+    return ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+def _first_sentence(exc: BaseException) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0].split(". ")[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def classify(path, old, new, known_bytes: dict | None = None) -> tuple[str, str]:
+    """('old' | 'new' | 'unloadable' | 'missing' | 'other', detail) for the file at ``path``.
+
+    ``known_bytes`` ({'old': bytes, 'new': bytes}) is a shortcut: a byte-identical file
+    needs no torch.load.
+    """
+    if not os.path.exists(path):
+        return "missing", "no file"
+    if known_bytes:
+        data = Path(path).read_bytes()
+        for label, expected in known_bytes.items():
+            if data == expected:
+                return label, ""
+    try:
+        loaded = torch.load(path, weights_only=True)
+    except Exception as exc:
+        return "unloadable", _first_sentence(exc)
+    if same_checkpoint(loaded, old):
+        return "old", ""
+    if same_checkpoint(loaded, new):
+        return "new", ""
+    return "other", "it loads, but holds neither the old nor the new checkpoint"
+
+
+def save_directly(obj, path) -> None:
+    """The trap: torch.save straight onto the final name."""
+    torch.save(obj, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Crash trials: a forked child saves, the parent SIGKILLs it part-way through the write
+
+def _bytes_written(directory: str, before: dict) -> int:
+    """Largest size among files in ``directory`` that are new or changed since ``before``."""
+    largest = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # renamed or removed while we looked
+                if before.get(entry.name) != (st.st_ino, st.st_size):
+                    largest = max(largest, st.st_size)
+    except FileNotFoundError:
+        pass
+    return largest
+
+
+def _snapshot(directory: str) -> dict:
+    return {e.name: (e.stat().st_ino, e.stat().st_size) for e in os.scandir(directory)}
+
+
+def _child_saves(save, obj, path) -> None:
+    """Runs in the forked child: save, then leave at once without any cleanup of the parent's state."""
+    code = 1
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # the child shares the parent's output pipes (a notebook's, too): silence them
+        os.dup2(devnull, 2)
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+        save(obj, path)
+        code = 0
+    except BaseException:
+        pass
+    finally:
+        os._exit(code)
+
+
+def run_and_kill(save, obj, path, kill_at_bytes: int | None, timeout: float = 20.0) -> str:
+    """Fork a child that runs ``save(obj, path)``; SIGKILL it once ``kill_at_bytes`` are on disk.
+
+    Returns 'killed', 'finished' (it completed before the threshold was seen),
+    'failed' (the save raised) or 'timeout'.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    before = _snapshot(directory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork in a threaded process
+        pid = os.fork()
+    if pid == 0:
+        _child_saves(save, obj, path)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return "finished" if os.waitstatus_to_exitcode(status) == 0 else "failed"
+        if kill_at_bytes is not None and _bytes_written(directory, before) >= kill_at_bytes:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "killed"
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "timeout"
+
+
+def crash_trials(save, trials: int = 10, seed: int = 0, layers: int = 16, workdir=None,
+                 progress=None) -> list[dict]:
+    """Run ``trials`` crash trials of ``save``; each replaces an old checkpoint by a new one.
+
+    Trial i kills the writer when (i + 0.5) / trials of the new file's bytes are on
+    disk, so the kills are spread over the whole write. Returns one record per
+    trial: the kill point, how the child ended and what the final name then held.
+    """
+    if not hasattr(os, "fork"):
+        raise RuntimeError("crash trials need os.fork and SIGKILL (Linux or macOS)")
+    old, new = make_checkpoint(1, layers, seed=seed), make_checkpoint(2, layers, seed=seed)
+    root = tempfile.mkdtemp(prefix="crash-trials-", dir=workdir)
+    try:
+        known = {}
+        for label, ckpt in (("old", old), ("new", new)):
+            torch.save(ckpt, os.path.join(root, f"{label}.pt"))
+            known[label] = Path(root, f"{label}.pt").read_bytes()
+        full_size = len(known["new"])
+        records = []
+        for i in range(trials):
+            directory = os.path.join(root, f"trial{i:02d}")
+            os.mkdir(directory)
+            path = os.path.join(directory, "checkpoint.pt")
+            shutil.copyfile(os.path.join(root, "old.pt"), path)  # the good checkpoint the save replaces
+            fraction = (i + 0.5) / trials
+            ended = run_and_kill(save, new, path, kill_at_bytes=int(fraction * full_size))
+            outcome, detail = classify(path, old, new, known)
+            leftovers = sorted(n for n in os.listdir(directory) if n != "checkpoint.pt")
+            records.append({"fraction": fraction, "ended": ended, "outcome": outcome, "detail": detail,
+                            "leftovers": leftovers})
+            if progress:
+                progress(i + 1, trials, records[-1])
+        return records
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Watching one call from outside: what got synced, when, holding how many bytes
+
+@contextlib.contextmanager
+def recorded_file_operations():
+    """Wrap os.fsync / os.fdatasync / os.replace / os.rename (and fcntl F_FULLFSYNC on macOS).
+
+    Yields the list of events they record, in call order: for a sync, whether it was a
+    directory, which file (device, inode) and its size at that moment; for a rename,
+    source and target.
+    """
+    events: list[dict] = []
+    patched = [(os, name) for name in ("fsync", "fdatasync", "replace", "rename") if hasattr(os, name)]
+    if fcntl is not None and hasattr(fcntl, "F_FULLFSYNC"):
+        patched.append((fcntl, "fcntl"))  # macOS: fsync does not flush the drive's cache, F_FULLFSYNC does
+    originals = {(module, name): getattr(module, name) for module, name in patched}
+
+    def record_sync(call: str, fd) -> None:
+        st = os.fstat(fd if isinstance(fd, int) else fd.fileno())
+        events.append({"op": "fsync", "call": call, "is_dir": stat.S_ISDIR(st.st_mode),
+                       "inode": (st.st_dev, st.st_ino), "size": st.st_size})
+
+    def syncing(original, name):
+        def wrapper(fd):
+            record_sync(name, fd)
+            return original(fd)
+        return wrapper
+
+    def full_syncing(original):
+        def wrapper(fd, cmd, *args):
+            if cmd == fcntl.F_FULLFSYNC:
+                record_sync("F_FULLFSYNC", fd)
+            return original(fd, cmd, *args)
+        return wrapper
+
+    def renaming(original, name):
+        def wrapper(src, dst, *args, **kwargs):
+            result = original(src, dst, *args, **kwargs)
+            events.append({"op": "rename", "call": name, "src": os.path.abspath(os.fspath(src)),
+                           "dst": os.path.abspath(os.fspath(dst))})
+            return result
+        return wrapper
+
+    for (module, name), original in originals.items():
+        if module is not os:
+            setattr(module, name, full_syncing(original))
+        elif name in ("fsync", "fdatasync"):
+            setattr(module, name, syncing(original, name))
+        else:
+            setattr(module, name, renaming(original, name))
+    try:
+        yield events
+    finally:
+        for (module, name), original in originals.items():
+            setattr(module, name, original)
+
+
+def _inode(path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+@contextlib.contextmanager
+def _scratch_directory():
+    """A checkpoint directory that is not tempfile.gettempdir() itself, removed afterwards."""
+    root = tempfile.mkdtemp(prefix="atomic-check-")
+    try:
+        directory = os.path.join(root, "checkpoints")
+        os.mkdir(directory)
+        yield directory
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _call_save(atomic_save, obj, path) -> None:
+    try:
+        atomic_save(obj, path)
+    except NotImplementedError:
+        raise  # an unanswered exercise: the grader reports it as "not answered yet"
+    except Exception as exc:
+        raise AssertionError(f"atomic_save raised {_first_sentence(exc)}") from None
+
+
+@contextlib.contextmanager
+def _watched_save(atomic_save, seed: int, layers: int):
+    """Call atomic_save once over an existing checkpoint; yield (directory, path, recorded events)."""
+    with _scratch_directory() as directory:
+        path = os.path.join(directory, "model.pt")
+        torch.save(make_checkpoint(1, layers, seed=seed), path)
+        new = make_checkpoint(2, layers, seed=seed)
+        with recorded_file_operations() as events:
+            _call_save(atomic_save, new, path)
+        outcome, detail = classify(path, None, new)
+        expect(outcome == "new", f"After atomic_save(obj, path) returned, path did not hold obj ({outcome}"
+                                 f"{': ' + detail if detail else ''}).")
+        yield directory, path, events
+
+
+def _final_rename(events, path):
+    target = os.path.abspath(path)
+    renames = [(i, e) for i, e in enumerate(events) if e["op"] == "rename" and e["dst"] == target]
+    return renames[-1] if renames else (None, None)
+
+
+_NO_RENAME = ("atomic_save never renamed a file onto path (no os.replace or os.rename with path as the "
+              "target): it wrote the final name directly, so a crash mid-write leaves a partial checkpoint there.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: atomic_save
+
+@graded_check("atomic_save: after a SIGKILL at any moment, the checkpoint loads (old or new)")
+def check_atomic_save_crash(atomic_save, seed: int = 0, trials: int = 6, layers: int = 8) -> None:
+    require_callable(atomic_save, "atomic_save")
+    with _scratch_directory() as directory:  # first, one ordinary call must work
+        path = os.path.join(directory, "model.pt")
+        new = make_checkpoint(2, layers, seed=seed)
+        _call_save(atomic_save, new, path)
+        outcome, detail = classify(path, None, new)
+        expect(outcome == "new", f"atomic_save(obj, path) ran without a crash, but path then held "
+                                 f"{'nothing' if outcome == 'missing' else 'something else'} ({detail}).")
+    records = crash_trials(atomic_save, trials=trials, seed=seed, layers=layers)
+    bad = [r for r in records if r["outcome"] not in ("old", "new")]
+    if bad:
+        where = ", ".join(f"{r['fraction']:.0%}" for r in bad)
+        raise AssertionError(
+            f"In {len(bad)} of {trials} trials, a SIGKILL during atomic_save left path {bad[0]['outcome']} "
+            f"(killed after {where} of the bytes were written; torch.load said: {bad[0]['detail']}). "
+            f"While the new checkpoint is being written, the final name must still point at the old one.")
+    failed = [r for r in records if r["ended"] == "failed"]
+    expect(not failed, f"atomic_save raised an error in {len(failed)} of {trials} trial processes.")
+
+
+@graded_check("atomic_save: the temp file is a *.tmp file in the checkpoint's own directory")
+def check_atomic_save_temp_location(atomic_save, seed: int = 0, layers: int = 2) -> None:
+    require_callable(atomic_save, "atomic_save")
+    with _watched_save(atomic_save, seed, layers) as (directory, path, events):
+        _, rename = _final_rename(events, path)
+        expect(rename is not None, _NO_RENAME)
+        src_dir = os.path.dirname(rename["src"])
+        expect(src_dir == os.path.abspath(directory),
+               f"atomic_save wrote its temp file in {src_dir}, not in the checkpoint's directory {directory}. "
+               f"A rename is atomic only within one filesystem, and {src_dir} can be another one (a tmpfs, "
+               f"another disk): os.replace then fails, or a copying move leaves a partial file. Put the temp "
+               f"file next to its target.")
+        expect(rename["src"].endswith(TEMP_SUFFIX),
+               f"atomic_save's temp file is named {os.path.basename(rename['src'])!r}; name it with the "
+               f"suffix {TEMP_SUFFIX!r} so load_latest_checkpoint can recognise what a crashed writer left.")
+
+
+@graded_check("atomic_save: the temp file is fsynced after its last byte, before the rename")
+def check_atomic_save_fsync_file(atomic_save, seed: int = 0, layers: int = 2) -> None:
+    require_callable(atomic_save, "atomic_save")
+    with _watched_save(atomic_save, seed, layers) as (directory, path, events):
+        final_inode, final_size = _inode(path), os.path.getsize(path)
+        syncs = [(i, e) for i, e in enumerate(events)
+                 if e["op"] == "fsync" and not e["is_dir"] and e["inode"] == final_inode]
+        expect(syncs, "atomic_save never fsynced the file that ends up under path. Without os.fsync the "
+                      "bytes may sit only in the OS page cache: after a power loss the renamed file can be "
+                      "empty or partial even though the rename survived.")
+        rename_index, _ = _final_rename(events, path)
+        complete = [(i, e) for i, e in syncs if e["size"] == final_size]
+        if not complete:
+            sizes = ", ".join(str(e["size"]) for _, e in syncs)
+            raise AssertionError(
+                f"os.fsync ran when the file held {sizes} of its {final_size} bytes: bytes written after an "
+                f"fsync are not covered by it. Write everything (and flush Python's buffer) first, then fsync.")
+        if rename_index is not None:
+            expect(any(i < rename_index for i, _ in complete),
+                   "The file was fsynced only after the rename: for a moment the final name pointed at data "
+                   "that was not yet durable. fsync the temp file before os.replace.")
+
+
+@graded_check("atomic_save: the directory is fsynced after the rename")
+def check_atomic_save_fsync_directory(atomic_save, seed: int = 0, layers: int = 2) -> None:
+    require_callable(atomic_save, "atomic_save")
+    with _watched_save(atomic_save, seed, layers) as (directory, path, events):
+        rename_index, _ = _final_rename(events, path)
+        expect(rename_index is not None, _NO_RENAME)
+        dir_inode = _inode(directory)
+        dir_syncs = [i for i, e in enumerate(events) if e["op"] == "fsync" and e["is_dir"] and e["inode"] == dir_inode]
+        expect(dir_syncs, "atomic_save never fsynced the checkpoint's directory. The rename is a change to the "
+                          "directory, and it is durable only once the directory itself is synced: after a power "
+                          "loss the name can still point at the old file, or at nothing.")
+        expect(any(i > rename_index for i in dir_syncs),
+               "atomic_save fsynced the directory before the rename, so the rename itself was not made durable. "
+               "Sync the directory after os.replace.")
+
+
+class _FailsToSerialize:
+    """Raises while torch.save is pickling: a serialization error halfway through a save."""
+
+    def __reduce__(self):
+        raise RuntimeError("this object cannot be serialized (raised on purpose by the check)")
+
+
+@graded_check("atomic_save: an error while saving leaves the old checkpoint and no temp file")
+def check_atomic_save_cleanup(atomic_save, seed: int = 0, layers: int = 2) -> None:
+    require_callable(atomic_save, "atomic_save")
+    with _scratch_directory() as directory:
+        private_tmp = os.path.join(os.path.dirname(directory), "system-tmp")
+        os.mkdir(private_tmp)
+        path = os.path.join(directory, "model.pt")
+        old = make_checkpoint(1, layers, seed=seed)
+        _call_save(atomic_save, old, path)  # an ordinary save first: doing nothing must not pass
+        outcome, detail = classify(path, old, None)
+        expect(outcome == "old", f"atomic_save(obj, path) returned, but path did not hold obj ({outcome}"
+                                 f"{': ' + detail if detail else ''}).")
+        bad = dict(make_checkpoint(2, layers, seed=seed), extra=_FailsToSerialize())
+        saved_tempdir = tempfile.tempdir
+        tempfile.tempdir = private_tmp  # so a temp file made with tempfile's defaults is visible here
+        raised = None
+        try:
+            atomic_save(bad, path)
+        except Exception as exc:
+            raised = exc
+        finally:
+            tempfile.tempdir = saved_tempdir
+        outcome, detail = classify(path, old, None)
+        expect(outcome == "old",
+               f"After torch.save failed inside atomic_save, path was {outcome} ({detail or 'it changed'}): the "
+               f"old checkpoint must stay untouched until the new one is complete.")
+        leftovers = sorted(n for n in os.listdir(directory) if n != "model.pt") + sorted(os.listdir(private_tmp))
+        expect(not leftovers,
+               f"After torch.save failed inside atomic_save, the temp file was left behind ({', '.join(leftovers)}). "
+               f"Every failed save would leave another one: remove the temp file when anything goes wrong.")
+        expect(raised is not None,
+               "torch.save failed inside atomic_save, but atomic_save returned normally: the caller believes "
+               "the checkpoint was written. Clean up, then let the exception propagate.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: load_latest_checkpoint
+
+def _write_checkpoints(directory: str, steps: list[int], seed: int, start_time: float = 1_700_000_000.0) -> dict:
+    """step_<n>.pt for each step, with modification times in the order given (later = newer)."""
+    written = {}
+    for order, step in enumerate(steps):
+        path = os.path.join(directory, f"step_{step}.pt")
+        ckpt = make_checkpoint(step, layers=2, layer_kib=4, seed=seed)
+        torch.save(ckpt, path)
+        os.utime(path, (start_time + 60 * order, start_time + 60 * order))
+        written[path] = ckpt
+    return written
+
+
+def _call_loader(load_latest_checkpoint, directory, hint: str = ""):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = load_latest_checkpoint(directory)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            raise AssertionError(f"load_latest_checkpoint raised {_first_sentence(exc)}. {hint}".strip()) from None
+    return result, [str(w.message) for w in caught]
+
+
+def _expect_result(result, expected_path, expected_obj, situation: str) -> None:
+    expect(isinstance(result, tuple) and len(result) == 2,
+           f"{situation}: load_latest_checkpoint should return a (path, checkpoint) tuple, but it returned "
+           f"{type(result).__name__}{'' if result is not None else ' (None)'}.")
+    path, obj = result
+    expect(os.path.exists(os.fspath(path)) and os.path.samefile(os.fspath(path), expected_path),
+           f"{situation}: it returned {os.path.basename(os.fspath(path))!r}, but the newest loadable "
+           f"checkpoint is {os.path.basename(expected_path)!r}.")
+    expect(same_checkpoint(obj, expected_obj),
+           f"{situation}: the returned checkpoint is not what {os.path.basename(expected_path)!r} holds.")
+
+
+@graded_check("load_latest_checkpoint: returns the newest checkpoint, or None when there is none")
+def check_load_latest_checkpoint_newest(load_latest_checkpoint, seed: int = 0, steps: tuple = (8, 9, 10)) -> None:
+    require_callable(load_latest_checkpoint, "load_latest_checkpoint")
+    with _scratch_directory() as directory:
+        result, _ = _call_loader(load_latest_checkpoint, directory)
+        expect(result is None, f"In an empty directory, load_latest_checkpoint returned {result!r} instead of None.")
+        written = _write_checkpoints(directory, list(steps), seed)
+        newest = list(written)[-1]
+        result, _ = _call_loader(load_latest_checkpoint, directory)
+        names = [os.path.basename(p) for p in written]
+        returned = os.path.basename(os.fspath(result[0])) if isinstance(result, tuple) and result else None
+        if returned == max(names) != names[-1]:
+            raise AssertionError(
+                f"load_latest_checkpoint returned {returned!r}, the last name in alphabetical order, but "
+                f"{names[-1]!r} was written last ({names[-1]!r} sorts before {max(names)!r}). Compare "
+                f"modification times (or step numbers), not names.")
+        _expect_result(result, newest, written[newest], f"With checkpoints {', '.join(names)}")
+
+
+@graded_check("load_latest_checkpoint: skips unreadable checkpoints with a warning")
+def check_load_latest_checkpoint_unreadable(load_latest_checkpoint, seed: int = 0, steps: tuple = (3, 4)) -> None:
+    require_callable(load_latest_checkpoint, "load_latest_checkpoint")
+    with _scratch_directory() as directory:
+        written = _write_checkpoints(directory, list(steps), seed)
+        good = list(written)[-1]
+        later = max(os.path.getmtime(p) for p in written) + 60
+        truncated = os.path.join(directory, f"step_{max(steps) + 1}.pt")  # a crashed direct write
+        data = open(good, "rb").read()
+        with open(truncated, "wb") as f:
+            f.write(data[: len(data) // 2])
+        empty = os.path.join(directory, f"step_{max(steps) + 2}.pt")  # killed right after opening
+        open(empty, "wb").close()
+        os.utime(truncated, (later, later))
+        os.utime(empty, (later + 60, later + 60))
+        result, messages = _call_loader(
+            load_latest_checkpoint, directory,
+            "A damaged checkpoint can make torch.load raise more than one kind of exception (an empty file "
+            "raises EOFError, a truncated one RuntimeError): skipping a bad file must not depend on which.")
+        _expect_result(result, good, written[good],
+                       "The two newest files are a truncated and an empty checkpoint (crashed writes)")
+        for skipped in (truncated, empty):
+            name = os.path.basename(skipped)
+            expect(any(name in m for m in messages),
+                   f"load_latest_checkpoint skipped {name!r} without a warning naming it"
+                   f"{' (warnings seen: ' + '; '.join(messages) + ')' if messages else ''}. A silently "
+                   f"ignored corrupt checkpoint hides a problem: use warnings.warn with the file name.")
+        for path in written:
+            os.remove(path)
+        result, _ = _call_loader(load_latest_checkpoint, directory)
+        expect(result is None, f"When every checkpoint is unreadable, load_latest_checkpoint should return None, "
+                               f"but it returned {result!r}.")
+
+
+@graded_check("load_latest_checkpoint: ignores and removes temp files left by crashed writers")
+def check_load_latest_checkpoint_temp_files(load_latest_checkpoint, seed: int = 0, steps: tuple = (5,)) -> None:
+    require_callable(load_latest_checkpoint, "load_latest_checkpoint")
+    with _scratch_directory() as directory:
+        written = _write_checkpoints(directory, list(steps), seed)
+        good = list(written)[-1]
+        later = os.path.getmtime(good) + 60
+        # A writer killed after its temp file was complete but before the rename: it loads, yet was never committed.
+        complete_temp = os.path.join(directory, f"step_{max(steps) + 1}.pt{TEMP_SUFFIX}")
+        torch.save(make_checkpoint(max(steps) + 1, layers=2, layer_kib=4, seed=seed), complete_temp)
+        partial_temp = os.path.join(directory, f"tmpk3x9q{TEMP_SUFFIX}")
+        with open(partial_temp, "wb") as f:
+            f.write(b"PK\x03\x04 half a checkpoint")
+        notes = os.path.join(directory, "notes.txt")
+        Path(notes).write_text("not a checkpoint")
+        for i, p in enumerate((complete_temp, partial_temp, notes)):
+            os.utime(p, (later + 60 * i, later + 60 * i))
+        result, _ = _call_loader(load_latest_checkpoint, directory)
+        if isinstance(result, tuple) and len(result) == 2 and os.fspath(result[0]).endswith(TEMP_SUFFIX):
+            raise AssertionError(
+                f"load_latest_checkpoint returned the temp file {os.path.basename(os.fspath(result[0]))!r}. A "
+                f"temp file was never renamed into place, so it was never a committed checkpoint, even when it "
+                f"happens to load. Only *{CHECKPOINT_SUFFIX} files are checkpoints.")
+        _expect_result(result, good, written[good], "Next to temp files left by crashed writers")
+        left = sorted(n for n in os.listdir(directory) if n.endswith(TEMP_SUFFIX))
+        expect(not left, f"load_latest_checkpoint left the temp files {', '.join(left)} in place: crashed writers' "
+                         f"leftovers pile up with every crash. Remove them.")
+        expect(os.path.exists(notes), "load_latest_checkpoint removed notes.txt, which is not a temp file.")

@@ -1,0 +1,128 @@
+"""Notebook 05: atomic checkpoint writes. The checks, driven on right and wrong implementations."""
+
+import os
+import warnings
+
+import pytest
+import torch
+
+from autograder import atomic_writes as checks
+from check_outcomes import failing_checks, failure_of
+from fixtures import atomic_writes_impls as impls
+
+# The visible test arguments and the hidden ones the notebook uses.
+SAVE_ARGUMENTS = {"visible": {}, "hidden": {"seed": 3}}
+CRASH_ARGUMENTS = {"visible": {}, "hidden": {"seed": 3, "trials": 5, "layers": 6}}
+LOAD_ARGUMENTS = {"visible": {}, "hidden_newest": {"seed": 5, "steps": (98, 99, 100, 101)},
+                  "hidden": {"seed": 5, "steps": (6, 7)}}
+
+
+def _failing(implementation, names, arguments: str):
+    failing = set()
+    for name in names:
+        if name == "check_atomic_save_crash":
+            kwargs = CRASH_ARGUMENTS[arguments]
+        elif name.startswith("check_atomic_save"):
+            kwargs = SAVE_ARGUMENTS[arguments]
+        elif name == "check_load_latest_checkpoint_newest":
+            kwargs = LOAD_ARGUMENTS["hidden_newest" if arguments == "hidden" else "visible"]
+        else:
+            kwargs = LOAD_ARGUMENTS[arguments]
+        if failure_of(getattr(checks, name), implementation, **kwargs):
+            failing.add(name)
+    return failing
+
+
+def _names_for(implementation):
+    return impls.LOAD_LATEST_CHECKS if implementation.__name__.startswith("load") else impls.ATOMIC_SAVE_CHECKS
+
+
+@pytest.mark.parametrize("arguments", ["visible", "hidden"])
+@pytest.mark.parametrize("save", impls.CORRECT_ATOMIC_SAVES, ids=lambda f: f.__name__)
+def test_correct_atomic_saves_pass_every_check(save, arguments):
+    assert _failing(save, impls.ATOMIC_SAVE_CHECKS, arguments) == set()
+
+
+@pytest.mark.parametrize("arguments", ["visible", "hidden"])
+@pytest.mark.parametrize("loader", impls.CORRECT_LOADERS, ids=lambda f: f.__name__)
+def test_correct_loaders_pass_every_check(loader, arguments):
+    assert _failing(loader, impls.LOAD_LATEST_CHECKS, arguments) == set()
+
+
+@pytest.mark.parametrize("arguments", ["visible", "hidden"])
+@pytest.mark.parametrize("wrong", list(impls.WRONG), ids=lambda f: f.__name__)
+def test_each_trap_loses_exactly_its_checks(wrong, arguments):
+    assert _failing(wrong, _names_for(wrong), arguments) == impls.WRONG[wrong]
+
+
+def test_direct_write_leaves_unloadable_files_under_sigkill():
+    records = checks.crash_trials(impls.save_directly, trials=6, layers=8)
+    assert any(r["outcome"] == "unloadable" for r in records)
+    assert all(r["outcome"] in ("old", "new", "unloadable") for r in records)
+
+
+def test_atomic_write_killed_mid_write_keeps_the_old_file_and_leaves_its_temp():
+    records = checks.crash_trials(impls.atomic_save_mkstemp, trials=4, layers=8)
+    assert [r["outcome"] for r in records if r["ended"] == "killed"] == ["old"] * sum(
+        r["ended"] == "killed" for r in records)
+    assert any(name.endswith(".tmp") for r in records for name in r["leftovers"])
+
+
+def test_crash_message_names_the_trap_with_evidence():
+    message = failure_of(checks.check_atomic_save_crash, impls.save_directly)
+    assert "SIGKILL" in message and "unloadable" in message and "final name" in message
+
+
+def test_fsync_message_reports_bytes_on_disk():
+    message = failure_of(checks.check_atomic_save_fsync_file, impls.atomic_save_fsync_before_writing)
+    assert "held 0 of its" in message
+
+
+def test_checks_report_a_non_callable_answer():
+    assert "should be a function" in failure_of(checks.check_atomic_save_temp_location, None)
+    assert "should be a function" in failure_of(checks.check_load_latest_checkpoint_newest, None)
+
+
+def test_recording_restores_os_functions():
+    originals = os.fsync, os.replace, os.rename
+    with checks.recorded_file_operations():
+        assert os.fsync is not originals[0]
+    assert (os.fsync, os.replace, os.rename) == originals
+
+
+def test_unreadable_check_sees_warnings_although_graded_checks_silence_them():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning escaping the check would raise here
+        assert failure_of(checks.check_load_latest_checkpoint_unreadable, impls.load_latest_by_mtime) is None
+
+
+def test_torch_behaviour_the_notebook_teaches(tmp_path):
+    """The facts notebook 05 is built on, against the installed torch."""
+    path = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(1000)}, path)
+    with pytest.raises(Exception):
+        torch.save({"w": torch.zeros(1000), "bad": checks._FailsToSerialize()}, path)
+    with pytest.raises(RuntimeError):  # the failed save already destroyed the old checkpoint
+        torch.load(path, weights_only=True)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(EOFError):
+        torch.load(tmp_path / "empty.pt", weights_only=True)
+
+
+def test_an_unanswered_exercise_reaches_the_grader_as_not_implemented():
+    """The grader says "not answered yet" only for NotImplementedError, so the checks let it through."""
+    def stub(*args):
+        raise NotImplementedError()
+
+    for check in (checks.check_atomic_save_crash, checks.check_atomic_save_cleanup,
+                  checks.check_load_latest_checkpoint_unreadable):
+        with pytest.raises(NotImplementedError):
+            check(stub)
+
+
+def test_doing_nothing_passes_no_check():
+    def do_nothing(*args):
+        return None
+
+    assert failing_checks(checks, impls.ATOMIC_SAVE_CHECKS, do_nothing) == set(impls.ATOMIC_SAVE_CHECKS)
+    assert failing_checks(checks, impls.LOAD_LATEST_CHECKS, do_nothing) == set(impls.LOAD_LATEST_CHECKS)
