@@ -1,0 +1,549 @@
+"""Checks for notebook 03: the complete checkpoint, resumed bitwise in a fresh process.
+
+The notebook provides the training setup (``make_trainer``, ``train_steps``) from
+here, so the checks and the learner run the very same code. A check trains one
+trainer for N steps without a break; trains another for k steps and saves it with
+the learner's ``save_checkpoint``; then, in a forked child process whose RNGs are
+scrambled, builds a trainer with another seed, calls the learner's
+``load_checkpoint`` and trains N - k steps. Every component is compared right
+after loading and step by step afterwards, so a failure names the component that
+diverged first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+import warnings
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from .checking import expect, graded_check, require_callable
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+FEATURES = 6
+DATASET_SIZE = 24
+BATCH_SIZE = 4
+STEPS_PER_EPOCH = DATASET_SIZE // BATCH_SIZE
+
+
+# ---- the training setup the notebook provides ------------------------------------------------
+
+def stateful_loader(dataset, **options) -> StatefulDataLoader:
+    """A StatefulDataLoader, built without the warning torchdata 0.11 triggers on torch 2.13.
+
+    torchdata calls torch.set_vital(), which torch 2.13 deprecates with a UserWarning at
+    every construction: harmless, and not the learner's business.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+        return StatefulDataLoader(dataset, **options)
+
+
+class AugmentedRegression(torch.utils.data.Dataset):
+    """24 fixed samples (the dataset version never changes); every read augments its sample.
+
+    The augmentation draws from Python's ``random`` (a scale jitter) and from NumPy's
+    global RNG (additive noise), as many real pipelines do, so both RNGs are part of
+    the training state. Each item carries its sample ID for the audit ledger.
+    """
+
+    def __init__(self, size: int = DATASET_SIZE, features: int = FEATURES):
+        g = torch.Generator().manual_seed(20261130)
+        self.x = torch.randn(size, features, generator=g)
+        self.y = self.x @ torch.randn(features, 1, generator=g) + 0.1 * torch.randn(size, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int):
+        scale = 1.0 + 0.2 * (random.random() - 0.5)
+        noise = torch.from_numpy(np.random.normal(0.0, 0.05, size=self.x.shape[1]).astype(np.float32))
+        return self.x[index] * scale + noise, self.y[index], index
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything that changes while training, in one place.
+
+    ``batches`` is the live iterator over ``loader`` for the current epoch; it is
+    None until the first batch is needed, and replaced at every epoch end.
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    loader: StatefulDataLoader
+    epoch: int = 0
+    step: int = 0
+    batches: Iterator | None = None
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def make_trainer(seed: int = 0) -> Trainer:
+    """A fresh trainer: model with dropout, SGD with momentum, StepLR, GradScaler, shuffled loader.
+
+    ``seed`` sets the initial weights and every global RNG; the data are the same for every seed.
+    """
+    seed_everything(seed)
+    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Dropout(0.25), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.8)
+    # On CPU in float32 nothing overflows; the scale still doubles every 4 clean steps, so the
+    # scaler carries state a resume must restore (on a GPU in fp16 it decides which steps are skipped).
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=4)
+    loader = stateful_loader(AugmentedRegression(), batch_size=BATCH_SIZE, shuffle=True)
+    return Trainer(model, optimizer, scheduler, scaler, loader)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()[:10]
+
+
+def rng_fingerprints() -> dict[str, str]:
+    """Short digests of the three global RNG states: equal digests, equal future draws."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch_rng": _digest(torch.get_rng_state().numpy().tobytes()),
+        "numpy_rng": _digest(keys.tobytes() + repr((pos, has_gauss, gauss)).encode()),
+        "python_rng": _digest(repr(random.getstate()).encode()),
+    }
+
+
+def _next_batch(trainer: Trainer):
+    if trainer.batches is None:
+        trainer.batches = iter(trainer.loader)
+    try:
+        return next(trainer.batches)
+    except StopIteration:
+        trainer.epoch += 1
+        trainer.batches = iter(trainer.loader)
+        return next(trainer.batches)
+
+
+def train_steps(trainer: Trainer, n: int) -> list[dict]:
+    """Train ``n`` optimizer steps; return one audit record per step.
+
+    A record holds the step and epoch, the sample IDs of the batch, digests of the
+    three RNG states once the batch is read (the dropout draws come after), the loss,
+    the learning rate used and the loss scale.
+    """
+    records = []
+    trainer.model.train()
+    for _ in range(n):
+        x, y, ids = _next_batch(trainer)
+        record = {"step": trainer.step + 1, "epoch": trainer.epoch, "sample_ids": ids.tolist(),
+                  **rng_fingerprints(), "lr": trainer.optimizer.param_groups[0]["lr"],
+                  "scale": trainer.scaler.get_scale()}
+        trainer.optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(trainer.model(x), y)
+        trainer.scaler.scale(loss).backward()
+        trainer.scaler.step(trainer.optimizer)
+        trainer.scaler.update()
+        trainer.scheduler.step()
+        trainer.step += 1
+        record["loss"] = loss.item()
+        records.append(record)
+    return records
+
+
+def snapshot(trainer: Trainer) -> dict:
+    """Copies of every component's state, to compare two trainers."""
+    return {
+        "model": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+        "optimizer": _clone(trainer.optimizer.state_dict()),
+        "scheduler": _clone(trainer.scheduler.state_dict()),
+        "scaler": dict(trainer.scaler.state_dict()),
+        "epoch": trainer.epoch,
+        "step": trainer.step,
+        **rng_fingerprints(),
+    }
+
+
+def _clone(value):
+    if torch.is_tensor(value):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
+@contextlib.contextmanager
+def preserved_rngs():
+    """Leave the caller's global RNGs as they were: a check must not reseed the learner's kernel."""
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+
+
+def scramble_rngs() -> None:
+    """Put every global RNG somewhere unpredictable, as in a process that just started."""
+    entropy = int.from_bytes(os.urandom(8), "little")
+    torch.manual_seed(entropy)
+    np.random.seed(entropy % 2 ** 32)
+    random.seed(entropy)
+
+
+# ---- a fresh process -------------------------------------------------------------------------
+
+FORK_AVAILABLE = hasattr(os, "fork")  # not on Windows
+
+
+def _run_in_this_process(task: Callable[[], object]):
+    """The fallback where there is no fork: scrambled RNGs, same process, the caller's RNGs kept.
+
+    Weaker than a fresh process (module-level state is shared), but every RNG still starts elsewhere.
+    """
+    with preserved_rngs():
+        scramble_rngs()
+        try:
+            return task()
+        except Exception as exc:
+            raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
+
+def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0):
+    """Run ``task`` in a forked child whose RNGs are scrambled; return what it returns.
+
+    Forked, not spawned: functions defined in a notebook cannot be pickled into a
+    new interpreter, but a fork can call them. The child shares nothing with the
+    parent afterwards: its RNGs are reseeded from the OS, so any state the resume
+    fails to restore shows up as a difference. The result comes back through a file
+    written with torch.save. Errors in the child come back as RuntimeError.
+    """
+    if not FORK_AVAILABLE:
+        return _run_in_this_process(task)
+    folder = tempfile.mkdtemp(prefix="fresh-process-")
+    result_path = os.path.join(folder, "result.pt")
+    pid = os.fork()
+    if pid == 0:  # the child: never return into the caller's code, never write to its outputs
+        code = 1
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            import sys
+            sys.stdout = sys.stderr = open(os.devnull, "w")
+            # A child that outlives its parent (say, the kernel was stopped) ends itself all the same.
+            signal.alarm(int(timeout) + 2)
+            torch.set_num_threads(1)
+            scramble_rngs()
+            try:
+                outcome = {"ok": task()}
+            except BaseException as exc:  # reported to the parent, not raised here
+                frames = traceback.extract_tb(exc.__traceback__)
+                outcome = {"error": f"{type(exc).__name__}: {exc}",
+                           "where": frames[-1].name if frames else ""}
+            torch.save(outcome, result_path)
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise RuntimeError(f"the fresh process did not finish within {timeout:g} s")
+            time.sleep(0.002)
+        if not os.path.exists(result_path):
+            raise RuntimeError("the fresh process died before reporting back")
+        outcome = torch.load(result_path, weights_only=False)  # our own file, written just now
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if "error" in outcome:
+        raise RuntimeError(outcome["error"] + (f" (in {outcome['where']})" if outcome["where"] else ""))
+    return outcome["ok"]
+
+
+# ---- the resume experiment and its diagnosis -------------------------------------------------
+
+@dataclasses.dataclass
+class ResumeExperiment:
+    at_k: dict            # the uninterrupted run's state after k steps
+    expected: list        # its records for steps k+1 .. n
+    final: dict           # its state after n steps
+    at_load: dict         # the resumed trainer's state right after load_checkpoint
+    resumed: list         # its records for steps k+1 .. n
+    resumed_final: dict
+    k: int
+    n: int
+
+
+_RECENT_EXPERIMENTS: dict[tuple, object] = {}  # the four load checks share one experiment per argument set
+
+
+def resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: int = 8, n: int = 14) -> ResumeExperiment:
+    """run_resume_experiment, remembered for the last few (save, load, arguments).
+
+    The key holds the function objects themselves, so a redefined answer is run afresh.
+    """
+    key = (save_checkpoint, load_checkpoint, seed, k, n)
+    if key not in _RECENT_EXPERIMENTS:
+        try:
+            outcome = run_resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)
+        except AssertionError as failure:
+            outcome = failure
+        _RECENT_EXPERIMENTS[key] = outcome
+        while len(_RECENT_EXPERIMENTS) > 4:
+            del _RECENT_EXPERIMENTS[next(iter(_RECENT_EXPERIMENTS))]
+    outcome = _RECENT_EXPERIMENTS[key]
+    if isinstance(outcome, AssertionError):
+        raise AssertionError(str(outcome))
+    return outcome
+
+
+def run_resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: int = 8, n: int = 14,
+                          timeout: float = 20.0) -> ResumeExperiment:
+    """Continuous n steps vs k steps, save, load into a fresh trainer in a fresh process, n - k steps."""
+    with preserved_rngs(), tempfile.TemporaryDirectory() as folder:
+        continuous = make_trainer(seed)
+        train_steps(continuous, k)
+        at_k = snapshot(continuous)
+        expected = train_steps(continuous, n - k)
+        final = snapshot(continuous)
+
+        interrupted = make_trainer(seed)
+        train_steps(interrupted, k)
+        written = os.path.join(folder, "written", "checkpoint.pt")
+        os.makedirs(os.path.dirname(written))
+        save_checkpoint(written, interrupted)
+        expect(os.path.isfile(written), "save_checkpoint(path, trainer) wrote no file at `path`.")
+        # The resume reads the file from another place: only what is on disk can get through.
+        path = os.path.join(folder, "moved", "resume_from.pt")
+        os.makedirs(os.path.dirname(path))
+        os.replace(written, path)
+        del interrupted
+
+        def resume():
+            trainer = make_trainer(seed + 1000)
+            scramble_rngs()
+            load_checkpoint(path, trainer)
+            at_load = snapshot(trainer)
+            records = train_steps(trainer, n - k)
+            return at_load, records, snapshot(trainer)
+
+        try:
+            at_load, resumed, resumed_final = run_in_fresh_process(resume, timeout)
+        except RuntimeError as exc:
+            raise AssertionError(f"Loading the checkpoint into a fresh trainer in a fresh process failed: "
+                                 f"{exc}") from None
+    return ResumeExperiment(at_k, expected, final, at_load, resumed, resumed_final, k, n)
+
+
+def _first_tensor_difference(got, expected, where: str = "") -> str | None:
+    """A readable path to the first entry that differs, or None when all are bitwise equal."""
+    if torch.is_tensor(expected):
+        if not torch.is_tensor(got) or got.shape != expected.shape or got.dtype != expected.dtype:
+            return f"{where} is {type(got).__name__ if not torch.is_tensor(got) else tuple(got.shape)}"
+        if not torch.equal(got, expected):
+            return f"{where} differs by up to {float((got.double() - expected.double()).abs().max()):.2e}"
+        return None
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"{where} is missing"
+        for key, value in expected.items():
+            if key not in got:
+                return f"{where}[{key!r}] is missing"
+            found = _first_tensor_difference(got[key], value, f"{where}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+            return f"{where} has another length"
+        for i, (a, b) in enumerate(zip(got, expected)):
+            found = _first_tensor_difference(a, b, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if got == expected else f"{where} is {got!r}, expected {expected!r}"
+
+
+def _epoch_window(experiment: ResumeExperiment) -> int:
+    """How many resumed steps stay in the epoch the checkpoint was taken in."""
+    epoch = experiment.at_k["epoch"]
+    return sum(1 for r in experiment.expected if r["epoch"] == epoch)
+
+
+def diagnose(experiment: ResumeExperiment) -> dict[str, str]:
+    """component -> what diverged, for every component that a resume failed to restore."""
+    found: dict[str, str] = {}
+    got, ref = experiment.at_load, experiment.at_k
+    k = experiment.k
+    if (got["epoch"], got["step"]) != (ref["epoch"], ref["step"]):
+        found["counters"] = (f"After load_checkpoint the trainer says epoch {got['epoch']}, step {got['step']}; "
+                             f"the checkpoint was taken at epoch {ref['epoch']}, step {ref['step']}. The epoch "
+                             f"and step counters are part of the training state too.")
+    for part, name, why in (
+        ("model", "the model state", "the weights every other part acts on"),
+        ("optimizer", "the optimizer state", "SGD's momentum buffers and the current learning rate live there"),
+        ("scheduler", "the learning-rate scheduler's state", "StepLR counts steps to know when to decay"),
+        ("scaler", "the GradScaler's state", "its loss scale and growth tracker change during training"),
+    ):
+        difference = _first_tensor_difference(got[part], ref[part], part)
+        if difference:
+            found[part] = (f"After load_checkpoint, {name} is not what it was at step {k}: {difference}. "
+                           f"Save and restore its state_dict(): {why}.")
+
+    window = _epoch_window(experiment)
+    for i, (a, b) in enumerate(zip(experiment.resumed[:window], experiment.expected[:window])):
+        if a["sample_ids"] != b["sample_ids"]:
+            found["data position"] = (
+                f"Resumed step {b['step']} trained on samples {a['sample_ids']}, but the uninterrupted run "
+                f"trained on {b['sample_ids']} there: the loader did not continue where the checkpoint "
+                f"left it mid-epoch. A StatefulDataLoader has a state of its own.")
+            break
+
+    for key, name, how in (
+        ("torch_rng", "torch's RNG (dropout masks)", "torch.get_rng_state()"),
+        ("numpy_rng", "NumPy's global RNG (the augmentation noise)", "np.random.get_state()"),
+        ("python_rng", "Python's random (the augmentation scale)", "random.getstate()"),
+    ):
+        if got[key] != ref[key]:
+            found[key] = (f"Right after load_checkpoint, {name} is not in the state it had at step {k}: "
+                          f"the resumed run draws other random numbers. Save {how} and set it back.")
+            continue
+        for a, b in zip(experiment.resumed[:window], experiment.expected[:window]):
+            if a[key] != b[key]:
+                found[key] = (
+                    f"{name[0].upper() + name[1:]} matched right after load_checkpoint, but no longer when the "
+                    f"batch of step {b['step']} had been read: something drew from it after you restored it. "
+                    f"Creating the loader's iterator draws from torch's RNG; restore the RNG states last, once "
+                    f"the iterator for the current epoch exists (trainer.batches).")
+                break
+    return found
+
+
+COMPONENT_GROUPS = {
+    "training_state": ("counters", "model", "optimizer", "scheduler", "scaler"),
+    "rng": ("torch_rng", "numpy_rng", "python_rng"),
+    "data_position": ("data position",),
+}
+
+
+def _report(found: dict[str, str], components) -> None:
+    problems = [found[c] for c in components if c in found]
+    expect(not problems, "\n".join(problems))
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+@graded_check("save_checkpoint writes one file that torch.load opens with its safe default")
+def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 8) -> None:
+    require_callable(save_checkpoint, "save_checkpoint")
+    with preserved_rngs(), tempfile.TemporaryDirectory() as folder:
+        reference = make_trainer(seed)
+        train_steps(reference, k)
+        expected = train_steps(reference, 3)
+
+        trainer = make_trainer(seed)
+        train_steps(trainer, k)
+        path = os.path.join(folder, "checkpoint.pt")
+        result = save_checkpoint(path, trainer)
+        after_save = train_steps(trainer, 3)
+        expect(result is None, f"save_checkpoint returned a {type(result).__name__}; it should write the "
+                               f"checkpoint to `path` and return None.")
+        expect(os.path.isfile(path), f"save_checkpoint(path, trainer) wrote no file at `path` "
+                                     f"(the folder holds {sorted(os.listdir(folder))}).")
+        try:
+            torch.load(path)
+        except Exception as exc:
+            lines = [line.strip() for line in str(exc).splitlines() if "Unsupported global" in line]
+            reason = (lines[0].split(". Please")[0].replace("WeightsUnpickler error: ", "")[:160] if lines
+                      else type(exc).__name__)
+            hint = ("NumPy's RNG state holds an ndarray, which it refuses: store such state as tensors or plain "
+                    "numbers" if "numpy" in reason.lower() else
+                    "write the checkpoint with torch.save, holding tensors and plain Python data only")
+            raise AssertionError(
+                f"torch.load(path) with its default weights_only=True refuses your checkpoint ({reason}). "
+                f"Since torch 2.6 it only unpickles tensors and plain Python containers, numbers and strings: "
+                f"{hint}. Never turn the safe default off to read your own checkpoints.") from None
+        leftovers = sorted(name for name in os.listdir(folder) if name != "checkpoint.pt")
+        expect(not leftovers, f"save_checkpoint left other files next to the checkpoint: {leftovers}.")
+        for a, b in zip(after_save, expected):
+            expect(a == b, f"Saving changed the run: step {b['step']} after the save differs from a run that did "
+                           f"not save ({_record_difference(a, b)}). Reading state for a checkpoint must not "
+                           f"draw random numbers or touch the loader's iterator.")
+
+
+def _record_difference(a: dict, b: dict) -> str:
+    return ", ".join(f"{key} {a[key]!r} instead of {b[key]!r}" for key in b if a.get(key) != b[key])
+
+
+@graded_check("after load_checkpoint, model, optimizer, scheduler, scaler and counters match step k")
+def check_load_checkpoint_training_state(load_checkpoint, save_checkpoint, seed: int = 0, k: int = 8,
+                                         n: int = 14) -> None:
+    require_callable(load_checkpoint, "load_checkpoint")
+    require_callable(save_checkpoint, "save_checkpoint")
+    _report(diagnose(resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)),
+            COMPONENT_GROUPS["training_state"])
+
+
+@graded_check("after load_checkpoint, the torch, NumPy and Python RNGs continue where they were")
+def check_load_checkpoint_rng(load_checkpoint, save_checkpoint, seed: int = 0, k: int = 8, n: int = 14) -> None:
+    require_callable(load_checkpoint, "load_checkpoint")
+    require_callable(save_checkpoint, "save_checkpoint")
+    _report(diagnose(resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)),
+            COMPONENT_GROUPS["rng"])
+
+
+@graded_check("after load_checkpoint, the loader continues mid-epoch with the next samples")
+def check_load_checkpoint_data_position(load_checkpoint, save_checkpoint, seed: int = 0, k: int = 8,
+                                        n: int = 14) -> None:
+    require_callable(load_checkpoint, "load_checkpoint")
+    require_callable(save_checkpoint, "save_checkpoint")
+    _report(diagnose(resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)),
+            COMPONENT_GROUPS["data_position"])
+
+
+@graded_check("a resume in a fresh process equals the uninterrupted run bitwise")
+def check_load_checkpoint(load_checkpoint, save_checkpoint, seed: int = 0, k: int = 8, n: int = 14) -> None:
+    require_callable(load_checkpoint, "load_checkpoint")
+    require_callable(save_checkpoint, "save_checkpoint")
+    experiment = resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)
+    mismatch = None
+    for a, b in zip(experiment.resumed, experiment.expected):
+        if a != b:
+            mismatch = f"step {b['step']} differs: {_record_difference(a, b)}"
+            break
+    if mismatch is None:
+        for part in ("model", "optimizer", "scheduler", "scaler", "epoch", "step"):
+            difference = _first_tensor_difference(experiment.resumed_final[part], experiment.final[part], part)
+            if difference:
+                mismatch = f"after step {experiment.n}, {difference}"
+                break
+    if mismatch is None:
+        return
+    found = diagnose(experiment)
+    cause = next(iter(found.values()), "No single component was found to differ right after loading; "
+                                       "look for state the trainer keeps outside those components.")
+    raise AssertionError(f"Resumed at step {experiment.k} in a fresh process, the run is not the uninterrupted "
+                         f"one: {mismatch}.\nFirst cause found: {cause}")
+
