@@ -2,8 +2,10 @@
 """One entry point for learners, instructors and CI. Needs only Python >= 3.10 and pip.
 
     python3 workbook.py lab       create or reuse .venv, then open JupyterLab on notebooks/
+                                  (--instructor: on the course root, for nbgrader's formgrader)
     python3 workbook.py test      create or reuse .venv, then run the test suite
     python3 workbook.py check     grade my notebooks (workbook-check; add 01 or a path)
+    python3 workbook.py demo 01   render a notebook with solutions and outputs to HTML (classroom)
     python3 workbook.py release   regenerate notebooks/ from solutions/ with nbgrader (authors;
                                   add assignment names to release only those)
 
@@ -54,6 +56,9 @@ def tool_env() -> dict:
     # nbgrader shells out to `alembic`, so the environment's bin/ must come first on PATH.
     env = dict(os.environ, VIRTUAL_ENV=str(VENV))
     env["PATH"] = str(BIN) + os.pathsep + env.get("PATH", "")
+    # The workbook's models are tiny: a second BLAS/OpenMP thread only adds synchronisation,
+    # and on a busy 2-core machine it makes each step many times slower. Users may override.
+    env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
@@ -75,20 +80,25 @@ def release(names: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"lab", "test", "check", "release"}:
+    if not argv or argv[0] not in {"lab", "test", "check", "demo", "release"}:
         print(__doc__)
         return 2
     command, extra = argv[0], argv[1:]
     ensure_environment()
     if command == "lab":
+        root = "notebooks"
+        if "--instructor" in extra:  # the formgrader links into solutions/: serve the course root
+            extra, root = [a for a in extra if a != "--instructor"], "."
         if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
             say("running as root (a container?): passing --allow-root to JupyterLab")
             extra = ["--allow-root", *extra]
-        return run([str(BIN / "jupyter"), "lab", "--ServerApp.root_dir=notebooks", *extra])
+        return run([str(BIN / "jupyter"), "lab", f"--ServerApp.root_dir={root}", *extra])
     if command == "test":
         return run([str(PYTHON), "-m", "pytest", *extra])
     if command == "check":
         return run([str(BIN / "workbook-check"), *extra])
+    if command == "demo":
+        return run([str(BIN / "workbook-demo"), *extra])
     return release(extra)
 
 
