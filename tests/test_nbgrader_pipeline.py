@@ -37,7 +37,7 @@ def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "nbgrader"), *args], cwd=course, capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per worker even if other tests run in between
 def course(tmp_path_factory):
     course = tmp_path_factory.mktemp("course")
     shutil.copy(ROOT / "nbgrader_config.py", course)
