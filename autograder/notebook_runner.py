@@ -158,7 +158,7 @@ def _restore_test_cells(nb, reference) -> list[str]:
     return [gid for gid in released if gid not in present]
 
 
-class _Runner:
+class CellRunner:
     """Executes cells one by one; on a hang or a dead kernel, restarts and replays."""
 
     def __init__(self, nb, workdir: Path, timeout: int):
@@ -235,7 +235,7 @@ class _Runner:
                 break
 
 
-def _error_message(cell, exercise: str, answer_names: set[str]) -> str:
+def failure_message(cell, exercise: str, answer_names: set[str]) -> str:
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
             ename, evalue = output.get("ename", "Error"), _ANSI.sub("", output.get("evalue", ""))
@@ -276,7 +276,7 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_CELL_TIMEOUT,
 
     workdir = Path(tempfile.mkdtemp(prefix="selfcheck-"))
     try:
-        problems = _Runner(nb, workdir, timeout).run_all()
+        problems = CellRunner(nb, workdir, timeout).run_all()
     except Exception as exc:  # the kernel could not even start
         shutil.rmtree(workdir, ignore_errors=True)
         message = f"the notebook could not be run: {type(exc).__name__}: {exc}"
@@ -293,7 +293,7 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_CELL_TIMEOUT,
         meta = nbgrader_meta(cell)
         exercise = exercise_of(meta["grade_id"], expected_names)
         points, max_points = determine_grade(cell)
-        message = problems.get(index) or _error_message(cell, exercise, answer_names)
+        message = problems.get(index) or failure_message(cell, exercise, answer_names)
         if index in problems:
             points = 0.0
         elif points < max_points and exercise in answer_problems:
