@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import nbformat  # noqa: E402
 
 from autograder.notebook_runner import KERNEL_EXTRA_ARGUMENTS, nbgrader_meta  # noqa: E402
+from workbook import tool_env  # noqa: E402  (the same environment as the README's commands)
 
 OUT = ROOT / "artifacts" / "benchmarks" / "benchmarks.json"
 BIN = Path(sys.executable).parent
@@ -66,11 +67,6 @@ def say(message: str) -> None:
 
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def tool_env() -> dict:
-    # nbgrader shells out to `alembic`: the environment's bin/ first on PATH.
-    return dict(os.environ, PATH=str(BIN) + os.pathsep + os.environ.get("PATH", ""))
 
 
 def solution_notebooks(only: list[str]) -> list[Path]:
