@@ -23,8 +23,6 @@ from browser_support import (ROOT, SCREENSHOTS, JupyterLab, LabNotebook, answer_
 
 pytestmark = [
     pytest.mark.skipif(chromium_missing_reason() is not None, reason=chromium_missing_reason() or ""),
-    # One JupyterLab and one Chromium for the whole module: keep it on one xdist worker.
-    pytest.mark.xdist_group("browser"),
 ]
 
 # Whatever notebooks are released when the suite is collected.

@@ -18,8 +18,6 @@ from nbgrader.validator import Validator
 from fixtures import state_dict_aliasing_impls as impls
 from notebook_files import ROOT, fill_answers, solution_answers
 
-pytestmark = pytest.mark.xdist_group("nbgrader_pipeline")  # one worker builds the course once
-
 NAME = "01_state_dict_aliasing"
 BIN = Path(sys.executable).parent
 
