@@ -1,9 +1,12 @@
 """Notebook 07's real multi-process demo: data-parallel training on torch.distributed (gloo, CPU).
 
 The worker lives in this module, not in a notebook cell, because a function defined
-in a cell cannot be pickled for ``spawn``. On Linux the ranks are started with
-``fork`` (the children inherit the imported torch, so 4 ranks start in well under
-a second instead of several); elsewhere ``spawn`` imports this module.
+in a cell cannot be pickled for ``spawn``. The ranks are started by a ``forkserver``
+that imports this module (and torch) once: later ranks fork from it in milliseconds.
+Forking the ranks straight from the Jupyter kernel was faster still but unsafe: the
+kernel runs threads (ZeroMQ, the rendezvous store), and a child forked while one of
+them held a lock hung inside ``init_process_group`` about once in a dozen runs on a
+loaded machine. Windows has no ``forkserver`` and falls back to ``spawn``.
 
 A job trains a tiny linear model (plain SGD, so no optimizer state: notebook 07
 is about the data position) on a fixed *plan*: for each rank, the list of
@@ -190,16 +193,25 @@ def _last_line(traceback_text: str) -> str:
 
 
 def _start_method() -> str:
-    return "fork" if sys.platform.startswith("linux") else "spawn"
+    if sys.platform == "win32":
+        return "spawn"
+    # A no-op once the server runs; the first launch pays for importing torch there, once.
+    mp.get_context("forkserver").set_forkserver_preload([__name__])
+    return "forkserver"
 
 
-def launch(job: Job, say=print) -> JobReport:
-    """Run one job of ``job.world_size`` processes to the end, or until a rank dies."""
+def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
+    """Run one job of ``job.world_size`` processes to the end, or until a rank dies.
+
+    A rank killed by ``job.kill`` is part of the demo. A rank that raises is not, unless
+    ``allow_errors`` says the demo is about that failure: everything after it would be wrong.
+    """
     # The launcher hosts the rendezvous store on a port the OS picks while binding it: asking for a free
     # port first and binding it later can race with any other process doing the same (a Jupyter kernel).
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     job = dataclasses.replace(job, port=store.port)
-    say(f"launching {job.world_size} ranks (gloo on 127.0.0.1:{job.port}, {_start_method()})"
+    method = _start_method()
+    say(f"launching {job.world_size} ranks (gloo on 127.0.0.1:{job.port}, {method})"
         + (f", resuming at global position {job.start_cursor}" if job.resume else ""))
     started = time.perf_counter()
     # The launcher logs a warning for each rank it stops after a crash; the report below says it.
@@ -209,7 +221,7 @@ def launch(job: Job, say=print) -> JobReport:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         context = mp.start_processes(_worker, args=(job,), nprocs=job.world_size, join=False,
-                                     start_method=_start_method())
+                                     start_method=method)
         errors: dict[int, str] = {}
         try:
             while not context.join():
@@ -236,6 +248,9 @@ def launch(job: Job, say=print) -> JobReport:
         say(f"  rank {rank}: fetched {steps} microbatch{'es' if steps != 1 else ''}, {how}")
     cursor = checkpoint["sampler"]["committed"] if checkpoint else 0
     say(f"  {seconds:.1f} s; durable checkpoint: global cursor {cursor}")
+    if errors and not allow_errors:
+        rank, message = next(iter(errors.items()))
+        raise RuntimeError(f"the gloo job did not run: rank {rank} failed with {message}")
     return report
 
 
