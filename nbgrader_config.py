@@ -6,9 +6,11 @@ lists the commands.
 """
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-from nbgrader.preprocessors import GetGrades
+from nbgrader.converters import Autograde
+from nbgrader.preprocessors import Execute, GetGrades
 
 from autograder.nbgrader_feedback import RedactHiddenTests
+from autograder.nbgrader_judge import JudgeInSandbox
 from autograder.notebook_runner import DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS
 
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
@@ -17,9 +19,17 @@ c.CourseDirectory.course_id = "resume-training"
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "notebooks"
 
-# The same limits and kernel flags as the learner's `workbook-check`.
+# The same limits and kernel flags as the learner's `workbook-check` (used where nbgrader runs a kernel:
+# the Validate button and `nbgrader validate`).
 c.Execute.timeout = DEFAULT_CELL_TIMEOUT
 c.Execute.extra_arguments = KERNEL_EXTRA_ARGUMENTS
+
+# Trusted grading: autograde runs the submission in a sandbox and takes each test cell's verdict from
+# the judge, not from a kernel the submission controls (autograder/judge.py; threat model in the README).
+# nbgrader's own list, with JudgeInSandbox in place of Execute.
+c.Autograde.autograde_preprocessors = [JudgeInSandbox if step is Execute else step
+                                       for step in Autograde.class_traits()["autograde_preprocessors"].default()]
+c.JudgeInSandbox.timeout = DEFAULT_CELL_TIMEOUT
 
 # Feedback shows failure messages, not hidden test code or its tracebacks.
 c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, RedactHiddenTests]

@@ -21,18 +21,20 @@ Only the scheduling differs:
   write transactions, and a busy timeout (``?timeout=`` on the database URL) makes a
   writer wait instead of failing with "database is locked". A submission that still
   fails on the database is graded again (``--retries``).
-* A submission whose kernel dies, or that hangs beyond what an interrupt can stop, is
-  graded a second time by the same converter with a kernel that is restarted and
-  replayed after the bad cell: the cells before and after keep their scores, the
-  affected cells get zero and an error that says what happened. A file that is not a
+* With this course's nbgrader_config.py, nbgrader's Autograde runs the trusted judge
+  (``autograder.judge``): a cell that hangs or ends its sandbox is stopped and skipped,
+  the cells before and after keep their scores, and the report names what was stopped.
+  With a config that still uses nbgrader's kernel Execute, a submission whose kernel
+  dies, or that hangs beyond what an interrupt can stop, is graded a second time with a
+  kernel that is restarted and replayed after the bad cell. A file that is not a
   notebook at all gets zero for every cell and its own error. The batch goes on.
 * Interrupting (Ctrl-C, SIGTERM) stops the children cleanly (nbgrader removes the
   half-graded notebook) and exits 130; SQLite rolls back any half-written transaction.
   Rerunning grades what is missing: a submission counts as done only when the gradebook
   holds all its scores and its files are unchanged since (``grading.json``).
 
-``grade_submission`` is the one function that grades one student's submission; a
-sandboxed grader can replace it (``run_class(..., grade=...)``) without touching the rest.
+``grade_submission`` is the one function that grades one student's submission
+(``run_class(..., grade=...)`` takes another).
 
 Afterwards it prints, for each test cell (one trap each), how many students lost it
 and with which failure message, and saves the table and a bar chart under
@@ -62,6 +64,7 @@ from nbgrader.converters import Autograde
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Integer
 
+from .nbgrader_judge import JudgeInSandbox
 from .notebook_runner import DEFAULT_CELL_TIMEOUT, CellRunner
 
 SQLITE_BUSY_TIMEOUT = 120  # seconds a writer waits for the gradebook before "database is locked"
@@ -119,7 +122,7 @@ def _autograde(job: SubmissionJob, robust: bool) -> int:
     """``nbgrader autograde ASSIGNMENT --student STUDENT --force --create``, in this process."""
     argv = [job.assignment, "--student", job.student, "--force", "--create",
             f"--CourseDirectory.root={job.course}", f"--CourseDirectory.db_url={job.db_url}",
-            f"--Execute.timeout={job.cell_timeout}"]
+            f"--Execute.timeout={job.cell_timeout}", f"--JudgeInSandbox.timeout={job.cell_timeout}"]
     os.chdir(job.course)  # nbgrader reads nbgrader_config.py from the working folder (we are a child)
     app = AutogradeApp()
     app.initialize(argv)
@@ -160,8 +163,11 @@ def grade_submission(job: SubmissionJob) -> SubmissionOutcome:
     """
     start = time.monotonic()
     course = Path(job.course)
+    JudgeInSandbox.stopped = []
     if _autograde(job, robust=False) == 0:
-        return SubmissionOutcome(job.student, "graded", time.monotonic() - start)
+        # The judge stops a hanging or process-killing cell and goes on; the instructor hears which.
+        note = "; ".join(JudgeInSandbox.stopped) or None
+        return SubmissionOutcome(job.student, "graded", time.monotonic() - start, note)
     if _log_mentions(job, DATABASE_LOCKED):  # not the submission's fault: the caller grades it again
         return SubmissionOutcome(job.student, "failed", time.monotonic() - start,
                                  f"the gradebook stayed busy ({DATABASE_LOCKED})")

@@ -78,7 +78,8 @@ def failure_kind(message: str) -> str:
         return NOT_ANSWERED
     if "is not defined: the answer cell" in message or "is missing from the notebook" in message:
         return MISSING
-    if message.startswith(("GradingError", "this cell was stopped after", "the kernel died", "CellTimeoutError")):
+    if message.startswith(("GradingError", "SubmissionStopped", "this cell was stopped after", "the kernel died",
+                           "CellTimeoutError")):
         return CRASHED
     if message.startswith("AssertionError: "):
         return _first_sentence(message.removeprefix("AssertionError: "))

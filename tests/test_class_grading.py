@@ -46,7 +46,7 @@ EXPECTED = {
     "crash": {"test_add": 1, "test_double": 0, "test_double_negative": 0},   # cells before the crash keep theirs
     "malformed": {"test_add": 0, "test_double": 0, "test_double_negative": 0},
 }
-NBGRADER_CAN_GRADE = ["correct", "wrong", "wrong2", "untouched", "hang"]
+NBGRADER_CAN_GRADE = ["correct", "wrong", "wrong2", "untouched", "hang", "crash"]  # all but the malformed
 POINTS = {"test_add": 1, "test_double": 2, "test_double_negative": 1}
 
 
@@ -112,7 +112,7 @@ def blank_course(tmp_path_factory):
 def by_nbgrader(blank_course, tmp_path_factory):
     def build(folder):
         course = copy_course(blank_course, folder, NBGRADER_CAN_GRADE)
-        run = run_nbgrader(course, "autograde", NAME, "--create", f"--Execute.timeout={CELL_TIMEOUT}")
+        run = run_nbgrader(course, "autograde", NAME, "--create", f"--JudgeInSandbox.timeout={CELL_TIMEOUT}")
         assert run.returncode == 0, run.stderr[-3000:]
     return built_once(tmp_path_factory, "by_nbgrader", build) / "course"
 
@@ -183,9 +183,13 @@ def test_hang_crash_and_malformed_each_get_their_own_error(by_workbook_grade):
     course, _ = by_workbook_grade
     record = json.loads((course / "class_reports" / NAME / "grading.json").read_text())["students"]
     status = {s: (e["status"], e["error"] or "") for s, e in record.items()}
-    assert status["crash"][0] == "recovered" and "kernel died" in status["crash"][1]
+    # The judge stops the cell that ends its process or hangs, and the report says which and why.
+    assert status["crash"][0] == "graded" and "cell 4: this cell was stopped" in status["crash"][1]
+    assert "ended the process running it (exit code 1)" in status["crash"][1]
+    assert status["hang"][0] == "graded" and "cell 2: this cell was stopped" in status["hang"][1]
+    assert f"time limit ({CELL_TIMEOUT} s for a cell)" in status["hang"][1]
     assert status["malformed"][0] == "failed" and "not a readable notebook" in status["malformed"][1]
-    assert all(status[s] == ("graded", "") for s in NBGRADER_CAN_GRADE)  # nbgrader's interrupt stops the hang
+    assert all(status[s] == ("graded", "") for s in NBGRADER_CAN_GRADE if s not in ("hang", "crash"))
 
 
 def test_crashed_and_malformed_submissions_are_not_left_for_manual_grading(by_workbook_grade):

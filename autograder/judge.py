@@ -1,0 +1,214 @@
+"""Trusted grading: a submission's code runs in a sandbox, and the verdicts come from outside it.
+
+``judge_notebook`` takes a notebook as nbgrader's autograde sees it (test cells already
+restored from the instructor's source, hidden tests included) and:
+
+1. runs every code cell that is not a test cell in a ``Sandbox`` (confined process, own
+   directory, limits), in order. A cell that hangs or ends the process is skipped: the
+   sandbox is started again and the cells before it are replayed, so one bad cell costs
+   only what depends on it;
+2. runs each test cell. For the check modules in ``JUDGED_OUTSIDE`` the test cell runs
+   here, in the grading process, and the submission's names are proxies: every call goes
+   into the sandbox and only data comes back (``autograder.wire``), so nothing the
+   submission does there (patching ``torch.equal``, replacing ``autograder`` modules,
+   overriding builtins, printing a fake pass line) can touch the check or its reference.
+   The other checks look at objects that cannot leave the process that made them (live
+   tensors aliasing a model, DataLoader workers, a process killed mid-write), so their test
+   cells run inside the sandbox: still confined and limited, but a submission written to
+   fool the check from inside could. The README's threat model says which notebooks are which.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import dataclasses
+import io
+import time
+
+import nbformat
+
+from autograder.notebook_runner import (DEFAULT_CELL_TIMEOUT, exercise_of, failure_message, is_answer_cell,
+                                        is_test_cell, nbgrader_meta)
+from autograder.sandbox import Limits, Sandbox, SandboxDied
+
+# Check modules whose test cells run in the judge, calling into the sandbox.
+JUDGED_OUTSIDE = {"autograder.start_here", "autograder.data_ledger", "autograder.distributed_sampler"}
+
+
+@dataclasses.dataclass
+class Verdict:
+    grade_id: str
+    passed: bool
+    message: str           # why it failed, for the learner ("" when it passed)
+    stdout: str            # the check's pass lines
+    error: dict | None     # the nbgrader error output (ename, evalue), None when it passed
+    outside: bool          # judged in the grading process (True) or inside the sandbox
+
+
+@dataclasses.dataclass
+class Judgement:
+    verdicts: list[Verdict]
+    cell_errors: dict[int, dict]    # code cell index -> error output of a non-test cell
+    confinement: dict
+    seconds: float
+
+    @property
+    def stopped(self) -> list[str]:
+        """What the sandbox had to stop (hangs, exits, crashes), for the instructor's report."""
+        cells = [f"cell {i + 1}: {e['evalue']}" for i, e in self.cell_errors.items() if e["ename"] == "SubmissionStopped"]
+        checks = [v.error["evalue"] for v in self.verdicts if v.error and v.error["evalue"].startswith("checking `")]
+        return cells + checks
+
+
+def judged_outside(source: str) -> bool:
+    """A test cell is judged outside when every autograder module it imports is in JUDGED_OUTSIDE."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    modules |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    ours = {m for m in modules if m.split(".")[0] == "autograder"}
+    return bool(ours) and ours <= JUDGED_OUTSIDE
+
+
+class SubmissionNames(dict):
+    """The test cell's local names: its own imports, else the submission's names, as proxies."""
+
+    def __init__(self, sandbox: Sandbox):
+        super().__init__()
+        self.sandbox = sandbox
+
+    def __missing__(self, name: str):
+        if hasattr(builtins, name):
+            raise KeyError(name)                    # the judge's own builtins, never the submission's
+        try:
+            value = self.sandbox.request("lookup", name)
+        except NameError:
+            raise KeyError(name) from None
+        self[name] = value
+        return value
+
+
+def _error(ename: str, evalue: str) -> dict:
+    return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
+
+
+class Judge:
+    def __init__(self, nb, cell_seconds: float = DEFAULT_CELL_TIMEOUT, limits: Limits = Limits()):
+        self.nb = nb
+        self.cell_seconds = cell_seconds
+        self.limits = limits
+        self.sandbox: Sandbox | None = None
+        self.good: list[tuple[int, str]] = []       # program cells that ran without killing the sandbox
+        self.cell_errors: dict[int, dict] = {}
+        self.stopped: dict[str, str] = {}            # answer cell grade_id -> why it was stopped
+        self.answer_names = {nbgrader_meta(c).get("grade_id", "") for c in nb.cells if is_answer_cell(c)}
+
+    def run(self) -> Judgement:
+        started = time.perf_counter()
+        verdicts = []
+        try:
+            for index, cell in enumerate(self.nb.cells):
+                if cell.get("cell_type") != "code":
+                    continue
+                if is_test_cell(cell):
+                    verdicts.append(self._test(cell))
+                else:
+                    self._program_cell(index, cell.source)
+            confinement = self.sandbox.confinement if self.sandbox else {}
+        finally:
+            self._stop()
+        return Judgement(verdicts, self.cell_errors, confinement, time.perf_counter() - started)
+
+    # the sandbox, kept running across cells
+    def _ensure_sandbox(self) -> Sandbox:
+        if self.sandbox is None or not self.sandbox.alive:
+            self._stop()
+            self.sandbox = Sandbox(self.limits, self.cell_seconds).start()
+            for index, source in self.good:
+                with contextlib.suppress(Exception):
+                    self.sandbox.request("exec", source, f"<cell {index}>")
+        return self.sandbox
+
+    def _stop(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+
+    def _program_cell(self, index: int, source: str) -> None:
+        sandbox = self._ensure_sandbox()
+        try:
+            sandbox.request("exec", source, f"<cell {index}>")
+        except SandboxDied as stopped:
+            self.cell_errors[index] = _error("SubmissionStopped", f"this cell was stopped: {stopped}")
+            if is_answer_cell(self.nb.cells[index]):
+                self.stopped[nbgrader_meta(self.nb.cells[index]).get("grade_id", "")] = str(stopped)
+            self._stop()
+            return
+        except SyntaxError as exc:
+            self.cell_errors[index] = _error("SyntaxError", str(exc))
+        except Exception as exc:                    # the learner's own error, shown in feedback
+            self.cell_errors[index] = _error(type(exc).__name__, str(exc))
+        self.good.append((index, source))
+
+    def _test(self, cell) -> Verdict:
+        grade_id = nbgrader_meta(cell).get("grade_id", "")
+        exercise = exercise_of(grade_id, self.answer_names)
+        outside = judged_outside(cell.source)
+        stdout, error = "", None
+        try:
+            sandbox = self._ensure_sandbox()
+            sandbox.deadline = time.monotonic() + self.cell_seconds
+            if outside:
+                stdout, error = self._test_outside(cell.source, sandbox, grade_id)
+            else:
+                answer = sandbox.raw_request("check", cell.source, f"<test {grade_id}>")
+                stdout = answer.get("stdout", "")
+                if "raised" in answer:
+                    error = _error(answer["raised"]["type"], answer["raised"]["message"])
+        except SandboxDied as stopped:
+            error = _error("SubmissionStopped", f"checking `{exercise}` was stopped: {stopped}")
+            self._stop()
+        finally:
+            if self.sandbox is not None:
+                self.sandbox.deadline = None
+        if error and exercise in self.stopped:
+            error = _error("SubmissionStopped", f"the answer cell for `{exercise}` was stopped: {self.stopped[exercise]}")
+        message = failure_message({"outputs": [error]}, exercise, self.answer_names) if error else ""
+        return Verdict(grade_id, error is None, message, stdout, error, outside)
+
+    def _test_outside(self, source: str, sandbox: Sandbox, grade_id: str) -> tuple[str, dict | None]:
+        out = io.StringIO()
+        namespace = {"__builtins__": builtins, "__name__": "__judge__"}
+        try:
+            with contextlib.redirect_stdout(out):
+                exec(compile(source, f"<test {grade_id}>", "exec"), namespace, SubmissionNames(sandbox))
+        except SandboxDied:
+            raise
+        except Exception as exc:
+            return out.getvalue(), _error(type(exc).__name__, str(exc))
+        return out.getvalue(), None
+
+
+def judge_notebook(nb, cell_seconds: float = DEFAULT_CELL_TIMEOUT, limits: Limits = Limits()) -> Judgement:
+    return Judge(nb, cell_seconds, limits).run()
+
+
+def apply_judgement(nb, judgement: Judgement) -> None:
+    """Write the verdicts into the notebook's test cells as the outputs nbgrader scores."""
+    verdicts = iter(judgement.verdicts)
+    for index, cell in enumerate(nb.cells):
+        if cell.get("cell_type") != "code":
+            continue
+        if is_test_cell(cell):
+            verdict = next(verdicts)
+            outputs = [{"output_type": "stream", "name": "stdout", "text": verdict.stdout}] if verdict.stdout else []
+            cell.outputs = [nbformat.from_dict(o) for o in outputs + ([verdict.error] if verdict.error else [])]
+        elif index in judgement.cell_errors:
+            cell.outputs = [nbformat.from_dict(judgement.cell_errors[index])]
+        else:
+            cell.outputs = []
+        cell.execution_count = None

@@ -1,0 +1,307 @@
+"""A confined process for a submission's code, driven from the judge (the grading process).
+
+The judge sends requests (pickled: the judge is trusted, so the sandbox may unpickle what
+it sends) and reads answers in ``autograder.wire`` JSON (it never unpickles what the
+sandbox wrote). Every request has a deadline; past it, or when the sandbox dies, the
+whole sandbox (every process it started) is killed and the caller gets ``SandboxDied``
+with a message for the learner. How the sandbox confines itself: ``sandbox_child``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import io
+import json
+import os
+import pickle
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import autograder
+from autograder import wire
+
+PACKAGE_DIR = Path(autograder.__file__).resolve().parent
+MAX_ANSWER_BYTES = 256 << 20
+_SYSTEM_READABLE = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev", "/opt"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    memory_bytes: int = 6 << 30       # address space per process (torch alone maps ~1.5 GB)
+    processes: int = 128              # a fork bomb stops here
+    file_bytes: int = 1 << 30         # largest file it may write
+    cpu_seconds: int = 900
+    open_files: int = 1024
+
+
+class SandboxDied(Exception):
+    """The sandbox ended or was stopped; the message is for the learner."""
+
+
+class LearnerError(Exception):
+    """An exception raised by submitted code, of a type the judge does not rebuild."""
+
+
+def _learner_exception(described: dict) -> BaseException:
+    name, message = described.get("type", "Exception"), described.get("message", "")
+    cls = getattr(builtins, name, None) if described.get("builtin") else None
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls is not StopIteration:
+        try:
+            return cls(message)
+        except Exception:          # noqa: BLE001 (e.g. UnicodeDecodeError needs more arguments)
+            pass
+    return type(name, (LearnerError,), {})(message)
+
+
+class RemoteObject:
+    """Stands for an object that lives in the sandbox: attribute reads, calls and a few builtins go there."""
+
+    def __init__(self, sandbox: "Sandbox", ref: int, type_name: str):
+        object.__setattr__(self, "_sandbox", sandbox)
+        object.__setattr__(self, "_ref", ref)
+        object.__setattr__(self, "_type_name", type_name)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._sandbox.request("getattr", self._ref, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        self._sandbox.request("setattr", self._ref, name, self._sandbox.pickle(value))
+
+    def __call__(self, *args, **kwargs):
+        return self._sandbox.call(self._ref, args, kwargs)
+
+    def __len__(self) -> int:
+        return self._sandbox.request("builtin", self._ref, "len")
+
+    def __bool__(self) -> bool:
+        return self._sandbox.request("builtin", self._ref, "bool")
+
+    def __iter__(self):
+        return iter(self._sandbox.request("builtin", self._ref, "list"))
+
+    def __repr__(self) -> str:
+        return self._sandbox.request("builtin", self._ref, "repr")
+
+    def __reduce__(self):
+        raise TypeError(f"a {self._type_name} from the submission cannot leave its sandbox")
+
+
+class Sandbox:
+    """One confined Python process (and everything it starts) with its own working directory."""
+
+    def __init__(self, limits: Limits = Limits(), cell_seconds: float = 60):
+        self.limits = limits
+        self.cell_seconds = cell_seconds
+        self.workdir: Path | None = None
+        self.process: subprocess.Popen | None = None
+        self.confinement: dict = {}
+        self._cgroup: Path | None = None
+        self.deadline: float | None = None
+
+    # life cycle
+    def start(self, timeout: float = 60) -> "Sandbox":
+        self.workdir = Path(tempfile.mkdtemp(prefix="workbook-sandbox-")).resolve()
+        for sub in ("tmp", "mpl"):
+            (self.workdir / sub).mkdir()
+        self._cgroup = _make_cgroup(self.limits.processes)
+        request_r, self._request_w = os.pipe()
+        self._response_r, response_w = os.pipe()
+        config = {"limits": dataclasses.asdict(self.limits), "cgroup": str(self._cgroup) if self._cgroup else None,
+                  "readable": _readable_paths(), "writable": [str(self.workdir), "/dev/shm", "/dev/null"]}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir), "LANG": "C.UTF-8",
+               "TMPDIR": str(self.workdir / "tmp"), "MPLCONFIGDIR": str(self.workdir / "mpl"), "MPLBACKEND": "Agg",
+               "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTHONPATH": str(PACKAGE_DIR.parent), "PYTHONWARNINGS": "ignore"}
+        with open(self.workdir / "output.log", "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "autograder.sandbox_child", str(request_r), str(response_w), json.dumps(config)],
+                cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(request_r, response_w), start_new_session=True)
+        os.close(request_r)
+        os.close(response_w)
+        self.confinement = self._receive(time.monotonic() + timeout)["ready"]
+        return self
+
+    def close(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()      # its init dies with it (PDEATHSIG), and the namespace with the init
+            self.process.wait()
+            for fd in (self._request_w, self._response_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.process = None
+        if self._cgroup is not None:
+            _remove_cgroup(self._cgroup)
+            self._cgroup = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def __enter__(self) -> "Sandbox":
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    # requests
+    def pickle(self, value) -> bytes:
+        buffer = io.BytesIO()
+        pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.persistent_id = lambda obj: ("ref", obj._ref) if isinstance(obj, RemoteObject) else None
+        pickler.dump(value)
+        return buffer.getvalue()
+
+    def request(self, op: str, *args, timeout: float | None = None):
+        """Send one request; return its decoded value or raise the learner's exception."""
+        answer = self.raw_request(op, *args, timeout=timeout)
+        if "raised" in answer:
+            raise _learner_exception(answer["raised"]) from None
+        return self.decode(answer["value"])
+
+    def raw_request(self, op: str, *args, timeout: float | None = None) -> dict:
+        if not self.alive:
+            raise SandboxDied("the sandbox is not running")
+        blob = pickle.dumps((op, *args), protocol=pickle.HIGHEST_PROTOCOL) if op != "call" else args[0]
+        try:
+            os.write(self._request_w, struct.pack(">Q", len(blob)))
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(self._request_w, view):]
+        except OSError:
+            raise self._died() from None
+        if timeout is None:
+            timeout = self.cell_seconds if self.deadline is None else self.deadline - time.monotonic()
+        return self._receive(time.monotonic() + max(timeout, 0.1))
+
+    def call(self, ref: int, args: tuple, kwargs: dict):
+        """Call a sandbox object; arguments it changed in place (dicts, lists, arrays, tensors) change here too."""
+        blob = pickle.dumps(("call", ref, self.pickle((args, kwargs))), protocol=pickle.HIGHEST_PROTOCOL)
+        answer = self.raw_request("call", blob)
+        if "raised" in answer:
+            raise _learner_exception(answer["raised"]) from None
+        for key, encoded in answer.get("changed", []):
+            target = args[key] if isinstance(key, int) else kwargs[key]
+            _update_in_place(target, self.decode(encoded))
+        return self.decode(answer["value"])
+
+    def decode(self, data):
+        return wire.decode(data, lambda ref: RemoteObject(self, int(ref["$ref"]), str(ref.get("type", "object"))))
+
+    def _receive(self, deadline: float) -> dict:
+        header = self._read(8, deadline)
+        (size,) = struct.unpack(">Q", header)
+        if size > MAX_ANSWER_BYTES:
+            self.close_process()
+            raise SandboxDied(f"the submission's answer was too large ({size / 2**20:.0f} MiB)")
+        try:
+            return wire.loads(self._read(size, deadline))
+        except ValueError:
+            self.close_process()
+            raise SandboxDied("the submission wrote something unreadable into the grader's channel") from None
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        chunks = []
+        while n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._response_r], [], [], left)[0]:
+                self.close_process()
+                raise SandboxDied(f"it ran past its time limit ({self.cell_seconds:g} s for a cell) and was "
+                                  f"stopped: an endless loop, or far too much work?")
+            chunk = os.read(self._response_r, min(n, 1 << 20))
+            if not chunk:
+                raise self._died()
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def close_process(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def _died(self) -> SandboxDied:
+        code = self.process.wait() if self.process is not None else None
+        if code is not None and code > 128:
+            name = signal.Signals(code - 128).name if code - 128 in signal.valid_signals() else code - 128
+            return SandboxDied(f"the process running it was killed by {name}")
+        return SandboxDied(f"it ended the process running it (exit code {code}), as os._exit or a crash does")
+
+
+def _update_in_place(target, value) -> None:
+    if isinstance(target, dict) and isinstance(value, dict):
+        target.clear()
+        target.update(value)
+    elif isinstance(target, list) and isinstance(value, list):
+        target[:] = value
+    elif isinstance(target, np.ndarray) and isinstance(value, np.ndarray) and target.shape == value.shape:
+        target[...] = value
+    elif isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor) and target.shape == value.shape:
+        with torch.no_grad():
+            target.copy_(value)
+
+
+def _readable_paths() -> list[str]:
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                str(Path(sys.executable).resolve().parent.parent)}
+    return _SYSTEM_READABLE + sorted(prefixes) + [str(PACKAGE_DIR)]
+
+
+# ---- a pids cgroup per sandbox, where the machine lets us make one ----------------------------------
+
+def _cgroup_parent() -> Path | None:
+    v1 = Path("/sys/fs/cgroup/pids")
+    if v1.is_dir() and os.access(v1, os.W_OK):
+        own = Path("/proc/self/cgroup").read_text()
+        rel = next((line.split(":", 2)[2] for line in own.splitlines() if ":pids:" in line), "/")
+        parent = v1 / rel.lstrip("/")
+        if os.access(parent, os.W_OK):
+            return parent
+    return None
+
+
+def _make_cgroup(processes: int) -> Path | None:
+    parent = _cgroup_parent()
+    if parent is None:
+        return None
+    path = parent / f"workbook-sandbox-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        path.mkdir()
+        (path / "pids.max").write_text(str(processes))
+    except OSError:
+        return None
+    return path
+
+
+def _remove_cgroup(path: Path) -> None:
+    for _ in range(100):          # its processes may take a moment to be reaped
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            for pid in (path / "cgroup.procs").read_text().split() if path.exists() else []:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.02)

@@ -1,0 +1,295 @@
+"""The sandbox's side: confine this process, then run what the judge asks, and nothing else.
+
+Started by ``autograder.sandbox.Sandbox`` as ``python -m autograder.sandbox_child REQ RESP CONFIG``.
+Before any submitted code exists here, this process (trusted code) confines itself:
+
+1. joins its own pids cgroup (or lowers RLIMIT_NPROC): a fork bomb hits a ceiling;
+2. resource limits: address space (memory bombs get MemoryError), file size, CPU time, open files;
+3. new user, network and PID namespaces: no network but its own loopback, and every process it
+   starts dies with it;
+4. Landlock: it may read the Python installation and the ``autograder`` package, and write
+   only its working directory and /dev/shm. The course folder (solutions with hidden tests,
+   the gradebook, other students' submissions) is out of reach.
+
+Each step that the machine does not support is skipped and reported to the judge.
+Then a tiny init (PID 1 of the namespace) starts the server process, which runs cells and
+calls in a fresh ``__main__`` module and answers in ``autograder.wire`` JSON.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import ctypes
+import fcntl
+import io
+import json
+import os
+import pickle
+import resource
+import signal
+import socket
+import struct
+import sys
+import types
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+# Landlock filesystem rights, by ABI version (include/uapi/linux/landlock.h).
+_LANDLOCK_ABI_RIGHTS = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1, 5: (1 << 16) - 1}
+_READ = 1 | 4 | 8  # EXECUTE | READ_FILE | READ_DIR
+
+
+# ---- confinement (runs before any submitted code) ------------------------------------------------
+
+def _join_cgroup(path: str | None) -> str:
+    if not path:
+        return "off"
+    with open(os.path.join(path, "cgroup.procs"), "w") as procs:
+        procs.write(str(os.getpid()))
+    return "cgroup"
+
+
+def _set_limits(limits: dict, cgroup: str) -> None:
+    for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_FSIZE", limits["file_bytes"]),
+                        ("RLIMIT_CPU", limits["cpu_seconds"]), ("RLIMIT_NOFILE", limits["open_files"]),
+                        ("RLIMIT_CORE", 0)):
+        resource.setrlimit(getattr(resource, name), (value, value))
+    if cgroup == "off" and os.geteuid() != 0:
+        # Without a cgroup the cap counts all of this user's processes, so leave room for the ones running.
+        mine = sum(1 for entry in os.listdir("/proc") if entry.isdigit() and _owner(entry) == os.getuid())
+        cap = mine + limits["processes"]
+        resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
+
+
+def _owner(pid: str) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _namespaces() -> str:
+    uid, gid = os.getuid(), os.getgid()
+    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) != 0:
+        return "off (" + os.strerror(ctypes.get_errno()) + ")"
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    # The new network namespace has only a loopback device, down: bring it up (gloo demos use it).
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, request))[1]          # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 0x1))              # SIOCSIFFLAGS |= IFF_UP
+    return "user+net+pid"
+
+
+def _landlock(readable: list[str], writable: list[str]) -> str:
+    syscall = _libc.syscall
+    syscall.restype = ctypes.c_long
+    abi = syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))               # landlock_create_ruleset: ABI
+    if abi < 1:
+        return "off (Landlock unavailable)"
+    handled = _LANDLOCK_ABI_RIGHTS[min(abi, 5)]
+    attr = struct.pack("Q", handled)
+    ruleset = syscall(444, ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return "off (" + os.strerror(ctypes.get_errno()) + ")"
+    for paths, rights in ((readable, _READ), (writable, handled)):
+        for path in paths:
+            if not os.path.exists(path):
+                continue
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                if not os.path.isdir(path):
+                    rights &= 1 | 2 | 4 | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+                rule = struct.pack("=Qi", rights, fd)
+                if syscall(445, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0)):
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
+            finally:
+                os.close(fd)
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if syscall(446, ctypes.c_int(ruleset), ctypes.c_uint32(0)):
+        return "off (" + os.strerror(ctypes.get_errno()) + ")"
+    os.close(ruleset)
+    return f"Landlock ABI {abi}"
+
+
+def confine(config: dict) -> dict:
+    report = {"processes": _join_cgroup(config.get("cgroup"))}
+    _set_limits(config["limits"], report["processes"])
+    if report["processes"] == "off" and os.geteuid() != 0:
+        report["processes"] = "RLIMIT_NPROC"
+    report["namespaces"] = _namespaces()
+    report["filesystem"] = _landlock(config["readable"], config["writable"])
+    return report
+
+
+# ---- the two small parents: this process and the namespace's init -----------------------------------
+
+def _exit_like(status: int) -> None:
+    """Exit with the child's code; a death by signal N becomes code 128 + N."""
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
+
+
+def _init(serve) -> None:
+    """PID 1 of the namespace: start the server, reap orphans, and end (taking all with it) when it ends."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    server = os.fork()
+    if server == 0:
+        serve()
+        os._exit(0)
+    while True:
+        pid, status = os.wait()
+        if pid == server:
+            _exit_like(status)
+
+
+# ---- the server ------------------------------------------------------------------------------------
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+class Server:
+    def __init__(self, request_fd: int, response_fd: int, report: dict):
+        self.request_fd, self.response_fd = request_fd, response_fd
+        self.report = report
+        self.handles: dict[int, object] = {}
+        main = types.ModuleType("__main__")   # like a notebook kernel: cells define __main__'s names
+        main.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = main
+        self.namespace = main.__dict__
+
+    # references for values with no data form
+    def reference(self, obj) -> dict:
+        key = len(self.handles) + 1
+        self.handles[key] = obj
+        return {"$ref": key, "type": type(obj).__qualname__[:100]}
+
+    def encode(self, value):
+        from autograder import wire
+        return wire.encode(value, self.reference)
+
+    def unpickle(self, blob: bytes):
+        server = self
+
+        class Unpickler(pickle.Unpickler):
+            def persistent_load(self, pid):
+                return server.handles[pid[1]]
+
+        return Unpickler(io.BytesIO(blob)).load()
+
+    def send(self, message: dict) -> None:
+        from autograder import wire
+        blob = wire.dumps(message)
+        os.write(self.response_fd, struct.pack(">Q", len(blob)))
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(self.response_fd, view):]
+
+    def serve(self) -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # an oversized write fails instead of killing us
+        self.send({"ready": self.report})
+        while True:
+            (size,) = struct.unpack(">Q", _read_exactly(self.request_fd, 8))
+            op, *args = self.unpickle(_read_exactly(self.request_fd, size))
+            try:
+                self.send(getattr(self, "op_" + op)(*args))
+            except BaseException as exc:          # noqa: BLE001 (the submission's exception is the answer)
+                self.send({"raised": _describe(exc)})
+
+    # operations
+    def op_exec(self, source: str, label: str) -> dict:
+        code = compile(source, label, "exec")
+        try:
+            exec(code, self.namespace)
+        finally:
+            pyplot = sys.modules.get("matplotlib.pyplot")
+            if pyplot is not None:
+                pyplot.close("all")
+        return {"value": None}
+
+    def op_check(self, source: str, label: str) -> dict:
+        """A test cell run in here: only for checks whose objects cannot leave this process."""
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            try:
+                exec(compile(source, label, "exec"), self.namespace)
+            except BaseException as exc:     # noqa: BLE001
+                return {"raised": _describe(exc), "stdout": out.getvalue()[-4000:]}
+        return {"value": None, "stdout": out.getvalue()[-4000:]}
+
+    def op_lookup(self, name: str) -> dict:
+        if name not in self.namespace:
+            raise NameError(f"name '{name}' is not defined")
+        return {"value": self.encode(self.namespace[name])}
+
+    def op_getattr(self, ref: int, name: str) -> dict:
+        return {"value": self.encode(getattr(self.handles[ref], name))}
+
+    def op_setattr(self, ref: int, name: str, blob: bytes) -> dict:
+        setattr(self.handles[ref], name, self.unpickle(blob))
+        return {"value": None}
+
+    def op_builtin(self, ref: int, name: str) -> dict:
+        function = {"len": len, "bool": bool, "list": list, "repr": repr}[name]
+        return {"value": self.encode(function(self.handles[ref]))}
+
+    def op_call(self, ref: int, blob: bytes) -> dict:
+        args, kwargs = self.unpickle(blob)
+        mutable = [(key, value) for key, value in list(enumerate(args)) + list(kwargs.items())
+                   if _is_mutable_data(value)]
+        before = {key: json.dumps(self.encode(value)) for key, value in mutable}
+        result = self.handles[ref](*args, **kwargs)
+        changed = []
+        for key, value in mutable:
+            after = self.encode(value)
+            if json.dumps(after) != before[key]:
+                changed.append([key, after])
+        return {"value": self.encode(result), "changed": changed}
+
+
+def _is_mutable_data(value) -> bool:
+    import numpy as np
+    import torch
+    return type(value) in (dict, list) or isinstance(value, (np.ndarray, torch.Tensor))
+
+
+def _describe(exc: BaseException) -> dict:
+    try:
+        message = str(exc)[:4000]
+    except BaseException:      # noqa: BLE001 (a submission's exception may fail even to print)
+        message = "(the exception's message could not be read)"
+    return {"type": type(exc).__name__[:100], "builtin": type(exc).__module__ == "builtins", "message": message}
+
+
+def main() -> None:
+    request_fd, response_fd, config = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    report = confine(config)
+    import autograder.wire  # noqa: F401  (import torch and numpy once, before the fork)
+    server = Server(request_fd, response_fd, report)
+    init = os.fork()
+    if init == 0:
+        _init(server.serve)
+    os.close(request_fd)
+    os.close(response_fd)
+    _exit_like(os.waitpid(init, 0)[1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The only format in which values leave a sandbox: JSON with a few tagged types.
+
+The judge never unpickles anything a submission produced (unpickling runs code).
+Plain values, ranges, NumPy arrays and tensors travel as data; anything else stays
+in the sandbox and travels as a numbered reference (``{"$ref": n}``) that the judge
+turns into a proxy. Decoding rebuilds only the types listed here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+MAX_DEPTH = 64
+
+
+def encode(value: Any, reference: Callable[[Any], dict]) -> Any:
+    """A JSON-ready form of ``value``; ``reference(obj)`` stands in for what has no data form."""
+    def enc(v: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            return reference(v)
+        if v is None or isinstance(v, (bool, str)):
+            return v
+        if type(v) is int:
+            return v
+        if type(v) is float:
+            return v if math.isfinite(v) else {"$float": repr(v)}
+        if isinstance(v, (np.generic, np.ndarray)) and np.asarray(v).dtype.kind in "biufc":
+            array = np.ascontiguousarray(v)
+            return {"$ndarray": {"dtype": array.dtype.str, "shape": list(array.shape), "scalar": isinstance(v, np.generic),
+                                 "data": base64.b64encode(array.tobytes()).decode()}}
+        if isinstance(v, torch.Tensor) and type(v) in (torch.Tensor, torch.nn.Parameter) and v.layout == torch.strided:
+            t = v.detach().cpu().contiguous()
+            return {"$tensor": {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                                "parameter": isinstance(v, torch.nn.Parameter),
+                                "data": base64.b64encode(t.view(-1).view(torch.uint8).numpy().tobytes()).decode()}}
+        if type(v) is range:
+            return {"$range": [v.start, v.stop, v.step]}
+        if type(v) is list:
+            return [enc(x, depth + 1) for x in v]
+        if type(v) is tuple:
+            return {"$tuple": [enc(x, depth + 1) for x in v]}
+        if type(v) in (set, frozenset):
+            return {"$set": [enc(x, depth + 1) for x in v], "frozen": type(v) is frozenset}
+        if isinstance(v, dict) and type(v).__module__ in ("builtins", "collections"):
+            return {"$dict": [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]}
+        if type(v) is bytes:
+            return {"$bytes": base64.b64encode(v).decode()}
+        return reference(v)
+
+    return enc(value, 0)
+
+
+def decode(data: Any, dereference: Callable[[dict], Any]) -> Any:
+    """The value ``encode`` described, built from data only; ``dereference`` makes proxies."""
+    def dec(d: Any) -> Any:
+        if d is None or isinstance(d, (bool, int, float, str)):
+            return d
+        if isinstance(d, list):
+            return [dec(x) for x in d]
+        if not isinstance(d, dict) or len(d) == 0:
+            raise ValueError(f"not a wire value: {d!r:.80}")
+        if "$float" in d:
+            return float(d["$float"])
+        if "$ndarray" in d:
+            spec = d["$ndarray"]
+            dtype = np.dtype(spec["dtype"])
+            if dtype.kind not in "biufc":
+                raise ValueError(f"refused array dtype {dtype}")
+            array = np.frombuffer(base64.b64decode(spec["data"]), dtype=dtype).reshape(spec["shape"]).copy()
+            return array[()] if spec.get("scalar") else array
+        if "$tensor" in d:
+            spec = d["$tensor"]
+            dtype = getattr(torch, spec["dtype"])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"refused tensor dtype {spec['dtype']}")
+            raw = bytearray(base64.b64decode(spec["data"]))
+            flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+            tensor = flat.view(dtype).reshape(spec["shape"]).clone()
+            return torch.nn.Parameter(tensor, requires_grad=tensor.is_floating_point()) if spec.get("parameter") else tensor
+        if "$range" in d:
+            return range(*(int(x) for x in d["$range"]))
+        if "$tuple" in d:
+            return tuple(dec(x) for x in d["$tuple"])
+        if "$set" in d:
+            items = [dec(x) for x in d["$set"]]
+            return frozenset(items) if d.get("frozen") else set(items)
+        if "$dict" in d:
+            return {dec(k): dec(v) for k, v in d["$dict"]}
+        if "$bytes" in d:
+            return base64.b64decode(d["$bytes"])
+        if "$ref" in d:
+            return dereference(d)
+        raise ValueError(f"not a wire value: {d!r:.80}")
+
+    return dec(data)
+
+
+def dumps(message: Any) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def loads(blob: bytes) -> Any:
+    return json.loads(blob)
