@@ -12,6 +12,7 @@ both correct resumes and reject every broken one.
 from __future__ import annotations
 
 import copy
+import functools
 import io
 
 import torch
@@ -152,13 +153,12 @@ class AccumulationRun:
 
 
 def new_run_factory(seed: int = 0, accum_steps: int = 4, policy: str = "commit_boundary"):
-    """The two callables the capstone takes: start a run, resume one from a checkpoint's bytes."""
-    def new_run() -> AccumulationRun:
-        return AccumulationRun(seed=seed, accum_steps=accum_steps, policy=policy)
+    """The two callables the capstone takes: start a run, resume one from a checkpoint's bytes.
 
-    def resume_run(blob: bytes) -> AccumulationRun:
-        return AccumulationRun.resume(blob, policy=policy)
-
+    Partials, not closures, so that the trusted grader can send them into a sandbox (pickle).
+    """
+    new_run = functools.partial(AccumulationRun, seed=seed, accum_steps=accum_steps, policy=policy)
+    resume_run = functools.partial(AccumulationRun.resume, policy=policy)
     return new_run, resume_run
 
 

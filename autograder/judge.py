@@ -33,8 +33,13 @@ from autograder.notebook_runner import (DEFAULT_CELL_TIMEOUT, exercise_of, failu
                                         is_test_cell, nbgrader_meta)
 from autograder.sandbox import Limits, Sandbox, SandboxDied
 
-# Check modules whose test cells run in the judge, calling into the sandbox.
-JUDGED_OUTSIDE = {"autograder.start_here", "autograder.data_ledger", "autograder.distributed_sampler"}
+# Check modules whose test cells run in the judge, calling into the sandbox ...
+JUDGED_OUTSIDE = {"autograder.start_here", "autograder.adam_resume", "autograder.data_ledger",
+                  "autograder.distributed_sampler", "autograder.commit_boundary"}
+# ... except these checks: their trap shows only in the process that holds the objects. A state_dict
+# that is a live view of the ledger looks like a snapshot once copied out of the sandbox; a "checkpoint"
+# kept in memory is caught by overwriting the arrays it was given, and those stay in the sandbox.
+JUDGED_INSIDE = {"check_ledger_state_dict", "check_resume_from_full_checkpoint", "check_resume_from_weights_only"}
 
 
 @dataclasses.dataclass
@@ -63,7 +68,7 @@ class Judgement:
 
 
 def judged_outside(source: str) -> bool:
-    """A test cell is judged outside when every autograder module it imports is in JUDGED_OUTSIDE."""
+    """Judged outside: every autograder module the cell imports is in JUDGED_OUTSIDE, and no check in JUDGED_INSIDE."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -71,7 +76,8 @@ def judged_outside(source: str) -> bool:
     modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     modules |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     ours = {m for m in modules if m.split(".")[0] == "autograder"}
-    return bool(ours) and ours <= JUDGED_OUTSIDE
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    return bool(ours) and ours <= JUDGED_OUTSIDE and not names & JUDGED_INSIDE
 
 
 class SubmissionNames(dict):
@@ -90,6 +96,12 @@ class SubmissionNames(dict):
             raise KeyError(name) from None
         self[name] = value
         return value
+
+
+def _tampering(changed: list[str]) -> str:
+    return (f"it changed code that the notebook and the grader share ({', '.join(changed[:4])}"
+            f"{', ...' if len(changed) > 4 else ''}). Graded code may define its own names but not patch "
+            f"Python, the libraries or the grader.")
 
 
 def _error(ename: str, evalue: str) -> dict:
@@ -141,18 +153,21 @@ class Judge:
     def _program_cell(self, index: int, source: str) -> None:
         sandbox = self._ensure_sandbox()
         try:
-            sandbox.request("exec", source, f"<cell {index}>")
+            answer = sandbox.raw_request("exec", source, f"<cell {index}>")
         except SandboxDied as stopped:
-            self.cell_errors[index] = _error("SubmissionStopped", f"this cell was stopped: {stopped}")
-            if is_answer_cell(self.nb.cells[index]):
-                self.stopped[nbgrader_meta(self.nb.cells[index]).get("grade_id", "")] = str(stopped)
-            self._stop()
-            return
-        except SyntaxError as exc:
-            self.cell_errors[index] = _error("SyntaxError", str(exc))
-        except Exception as exc:                    # the learner's own error, shown in feedback
-            self.cell_errors[index] = _error(type(exc).__name__, str(exc))
+            return self._skip(index, str(stopped))
+        if answer.get("tampered"):
+            return self._skip(index, _tampering(answer["tampered"]))
+        if "raised" in answer:                     # the learner's own error, shown in feedback
+            self.cell_errors[index] = _error(answer["raised"]["type"], answer["raised"]["message"])
         self.good.append((index, source))
+
+    def _skip(self, index: int, why: str) -> None:
+        """Leave this cell out from now on: restart the sandbox and replay the cells before it."""
+        self.cell_errors[index] = _error("SubmissionStopped", f"this cell was stopped: {why}")
+        if is_answer_cell(self.nb.cells[index]):
+            self.stopped[nbgrader_meta(self.nb.cells[index]).get("grade_id", "")] = why
+        self._stop()
 
     def _test(self, cell) -> Verdict:
         grade_id = nbgrader_meta(cell).get("grade_id", "")
@@ -164,11 +179,17 @@ class Judge:
             sandbox.deadline = time.monotonic() + self.cell_seconds
             if outside:
                 stdout, error = self._test_outside(cell.source, sandbox, grade_id)
+                answer = sandbox.raw_request("integrity")
             else:
                 answer = sandbox.raw_request("check", cell.source, f"<test {grade_id}>")
                 stdout = answer.get("stdout", "")
                 if "raised" in answer:
                     error = _error(answer["raised"]["type"], answer["raised"]["message"])
+            if answer.get("tampered"):
+                # Zero for this test, and a clean sandbox for the next: what it patched is gone with it.
+                error = _error("SubmissionStopped", f"checking `{exercise}` was stopped: "
+                                                    f"{_tampering(answer['tampered'])}")
+                self._stop()
         except SandboxDied as stopped:
             error = _error("SubmissionStopped", f"checking `{exercise}` was stopped: {stopped}")
             self._stop()
@@ -184,7 +205,7 @@ class Judge:
         out = io.StringIO()
         namespace = {"__builtins__": builtins, "__name__": "__judge__"}
         try:
-            with contextlib.redirect_stdout(out):
+            with contextlib.redirect_stdout(out), sandbox.judge_files_here():
                 exec(compile(source, f"<test {grade_id}>", "exec"), namespace, SubmissionNames(sandbox))
         except SandboxDied:
             raise

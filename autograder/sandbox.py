@@ -10,6 +10,7 @@ with a message for the learner. How the sandbox confines itself: ``sandbox_child
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import io
 import json
@@ -76,7 +77,10 @@ class RemoteObject:
     def __getattr__(self, name: str):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        return self._sandbox.request("getattr", self._ref, name)
+        value = self._sandbox.request("getattr", self._ref, name)
+        if isinstance(value, RemoteObject) and value._type_name == "method":
+            object.__setattr__(self, name, value)     # a bound method stays the same: ask once
+        return value
 
     def __setattr__(self, name: str, value) -> None:
         self._sandbox.request("setattr", self._ref, name, self._sandbox.pickle(value))
@@ -159,6 +163,16 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def judge_files_here(self):
+        """Temporary folders the judge makes during a check go where the sandbox may write."""
+        saved = tempfile.tempdir
+        tempfile.tempdir = str(self.workdir / "tmp")
+        try:
+            yield
+        finally:
+            tempfile.tempdir = saved
 
     @property
     def alive(self) -> bool:

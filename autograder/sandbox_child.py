@@ -154,6 +154,89 @@ def _init(serve) -> None:
 
 # ---- the server ------------------------------------------------------------------------------------
 
+# Shared code a submission may use but must not change. Around everything the submission runs, the
+# server compares these modules (and a few classes) with how they were before any submitted code ran,
+# puts back whatever was replaced, patched or re-coded, and reports it.
+GUARDED_MODULES = ("builtins", "math", "random", "operator", "functools", "itertools", "collections", "io", "json",
+                   "base64", "struct", "os", "hashlib", "pickle", "contextlib", "warnings", "numpy", "numpy.random",
+                   "numpy.testing", "torch", "torch.nn", "torch.nn.functional", "torch.optim", "torch.utils.data",
+                   "torch.testing", "autograder.wire", "autograder.checking", "autograder.helpers",
+                   "autograder.start_here", "autograder.state_dict_aliasing", "autograder.adam_resume",
+                   "autograder.complete_checkpoint", "autograder.worker_seeding", "autograder.atomic_writes",
+                   "autograder.data_ledger", "autograder.distributed_sampler", "autograder.commit_boundary",
+                   "autograder.sandbox_child")
+GUARDED_CLASSES = (("torch", "Tensor"), ("numpy", "ndarray"))
+_SKIPPED = {"environ", "__warningregistry__", "_onceregistry", "filters", "_filters_mutated_lock_held"}
+
+
+class Pristine:
+    """What the guarded modules held before any submitted code ran."""
+
+    def __init__(self, server):
+        import importlib
+        import operator
+        self.modules = {name: importlib.import_module(name) for name in GUARDED_MODULES}
+        owners = list(self.modules.items()) + [(f"{m}.{c}", getattr(self.modules[m], c)) for m, c in GUARDED_CLASSES]
+        owners += [("server", server), ("Server", type(server))]
+        self.names = {label: (owner, dict(vars(owner))) for label, owner in owners}
+        self.code = {(label, attr): (value, value.__code__) for label, (_, names) in self.names.items()
+                     for attr, value in names.items() if isinstance(getattr(value, "__code__", None), types.CodeType)}
+        # The quick test runs after every request, so it uses no name a submission could replace.
+        self._list, self._map, self._id, self._vars = list, map, id, vars
+        self._code_of = operator.attrgetter("__code__")
+        self._dicts = [vars(owner) for owner, _ in self.names.values()]
+        self._ids = [list(map(id, d.values())) for d in self._dicts]
+        self._functions = [function for function, _ in self.code.values()]
+        self._codes = [code for _, code in self.code.values()]
+        self._module_list = list(self.modules.items())
+        # Importing torch._dynamo (the first optimizer does) wraps a few torch functions in this wrapper.
+        self._dynamo_wrapper = self.modules["torch"]._disable_dynamo(lambda: None).__code__
+
+    def unchanged(self) -> bool:
+        listed, mapped, ident = self._list, self._map, self._id
+        return ([sys.modules.get(name) is module for name, module in self._module_list].count(False) == 0
+                and [listed(mapped(ident, d.values())) for d in self._dicts] == self._ids
+                and listed(mapped(self._code_of, self._functions)) == self._codes)
+
+    def restore(self) -> list[str]:
+        """Put back every guarded name that changed; return what changed."""
+        if self.unchanged():
+            return []
+        changed = []
+        for name, module in self.modules.items():
+            if sys.modules.get(name) is not module:
+                sys.modules[name] = module
+                changed.append(f"sys.modules[{name!r}]")
+        for label, (owner, names) in self.names.items():
+            now = self._vars(owner)
+            for attr, value in names.items():
+                current = now.get(attr, _MISSING)
+                if attr in _SKIPPED or current is value:
+                    continue
+                if self._torch_wrapped(current, value):
+                    names[attr] = current      # torch's own doing: the wrapped original is the new normal
+                    continue
+                changed.append(f"{label}.{attr}")
+                try:
+                    setattr(owner, attr, value)
+                except (AttributeError, TypeError):
+                    pass
+        for (label, attr), (function, code) in self.code.items():
+            if function.__code__ is not code:
+                function.__code__ = code
+                changed.append(f"{label}.{attr}.__code__")
+        self._ids = [list(map(id, d.values())) for d in self._dicts]   # additions are allowed; keep them
+        return changed
+
+    def _torch_wrapped(self, current, original) -> bool:
+        """``current`` is torch._disable_dynamo's wrapper around exactly ``original``."""
+        return (getattr(current, "__code__", None) is self._dynamo_wrapper
+                and any(cell.cell_contents is original for cell in current.__closure__ or ()))
+
+
+_MISSING = object()
+
+
 def _read_exactly(fd: int, n: int) -> bytes:
     chunks = []
     while n:
@@ -170,6 +253,7 @@ class Server:
         self.request_fd, self.response_fd = request_fd, response_fd
         self.report = report
         self.handles: dict[int, object] = {}
+        self.tampered: list[str] = []
         main = types.ModuleType("__main__")   # like a notebook kernel: cells define __main__'s names
         main.__dict__["__builtins__"] = builtins
         sys.modules["__main__"] = main
@@ -205,19 +289,38 @@ class Server:
     def serve(self) -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # an oversized write fails instead of killing us
         self.send({"ready": self.report})
+        self.pristine = Pristine(self)
         while True:
             (size,) = struct.unpack(">Q", _read_exactly(self.request_fd, 8))
             op, *args = self.unpickle(_read_exactly(self.request_fd, size))
+            self.tampered.clear()        # in place: the server's own names must keep their ids
             try:
-                self.send(getattr(self, "op_" + op)(*args))
+                answer = getattr(self, "op_" + op)(*args)
             except BaseException as exc:          # noqa: BLE001 (the submission's exception is the answer)
-                self.send({"raised": _describe(exc)})
+                answer = {"raised": self.describe(exc)}
+            answer["tampered"] = list(self.tampered[:12])
+            self.send(answer)
+
+    def submitted(self, run):
+        """Run a submitted cell, then undo any change it made to shared code (and note it)."""
+        try:
+            return run()
+        finally:
+            self.tampered += self.pristine.restore()
+
+    def op_integrity(self) -> dict:
+        """After a test judged outside: did the calls into the submission patch shared code?
+
+        (Checked once per test cell, not per call: a judged-outside check makes thousands of calls,
+        and what they patch cannot change its verdict, only what later tests would run on.)"""
+        self.tampered += self.pristine.restore()
+        return {"value": None}
 
     # operations
     def op_exec(self, source: str, label: str) -> dict:
         code = compile(source, label, "exec")
         try:
-            exec(code, self.namespace)
+            self.submitted(lambda: exec(code, self.namespace))
         finally:
             pyplot = sys.modules.get("matplotlib.pyplot")
             if pyplot is not None:
@@ -229,10 +332,13 @@ class Server:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             try:
-                exec(compile(source, label, "exec"), self.namespace)
+                self.submitted(lambda: exec(compile(source, label, "exec"), self.namespace))
             except BaseException as exc:     # noqa: BLE001
-                return {"raised": _describe(exc), "stdout": out.getvalue()[-4000:]}
+                return {"raised": self.describe(exc), "stdout": out.getvalue()[-4000:]}
         return {"value": None, "stdout": out.getvalue()[-4000:]}
+
+    def describe(self, exc: BaseException) -> dict:
+        return _describe(exc)
 
     def op_lookup(self, name: str) -> dict:
         if name not in self.namespace:
@@ -275,7 +381,7 @@ def _describe(exc: BaseException) -> dict:
         message = str(exc)[:4000]
     except BaseException:      # noqa: BLE001 (a submission's exception may fail even to print)
         message = "(the exception's message could not be read)"
-    return {"type": type(exc).__name__[:100], "builtin": type(exc).__module__ == "builtins", "message": message}
+    return {"type": str(type(exc).__name__)[:100], "builtin": type(exc).__module__ == "builtins", "message": message}
 
 
 def main() -> None:
