@@ -117,6 +117,7 @@ class Judge:
         self.good: list[tuple[int, str]] = []       # program cells that ran without killing the sandbox
         self.cell_errors: dict[int, dict] = {}
         self.stopped: dict[str, str] = {}            # answer cell grade_id -> why it was stopped
+        self.failed_answers: dict[str, str] = {}     # answer cell grade_id -> the error it raised
         self.answer_names = {nbgrader_meta(c).get("grade_id", "") for c in nb.cells if is_answer_cell(c)}
 
     def run(self) -> Judgement:
@@ -159,7 +160,11 @@ class Judge:
         if answer.get("tampered"):
             return self._skip(index, _tampering(answer["tampered"]))
         if "raised" in answer:                     # the learner's own error, shown in feedback
-            self.cell_errors[index] = _error(answer["raised"]["type"], answer["raised"]["message"])
+            raised = answer["raised"]
+            self.cell_errors[index] = _error(raised["type"], raised["message"])
+            if is_answer_cell(self.nb.cells[index]):
+                grade_id = nbgrader_meta(self.nb.cells[index]).get("grade_id", "")
+                self.failed_answers[grade_id] = f"{raised['type']}: {raised['message']}"
         self.good.append((index, source))
 
     def _skip(self, index: int, why: str) -> None:
@@ -198,7 +203,12 @@ class Judge:
                 self.sandbox.deadline = None
         if error and exercise in self.stopped:
             error = _error("SubmissionStopped", f"the answer cell for `{exercise}` was stopped: {self.stopped[exercise]}")
+        elif error and error["ename"] == "NameError" and exercise in self.failed_answers:
+            error = _error(error["ename"], f"`{exercise}` is not defined because its answer cell raised "
+                                           f"{self.failed_answers[exercise]}")
         message = failure_message({"outputs": [error]}, exercise, self.answer_names) if error else ""
+        if error and error["ename"] in ("NameError", "NotImplementedError"):
+            error = _error(error["ename"], message)    # the explanation, not Python's bare words
         return Verdict(grade_id, error is None, message, stdout, error, outside)
 
     def _test_outside(self, source: str, sandbox: Sandbox, grade_id: str) -> tuple[str, dict | None]:

@@ -8,6 +8,8 @@ reads those verdicts from the test cells' outputs, exactly as it reads a kernel'
 
 from __future__ import annotations
 
+import nbformat
+from nbgrader.api import Gradebook
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Float
 
@@ -20,6 +22,10 @@ class JudgeInSandbox(NbGraderPreprocessor):
     stopped: list[str] = []   # what the last notebook's sandbox had to stop; read by workbook-grade's child
 
     def preprocess(self, nb, resources):
+        restored = restore_deleted_test_cells(nb, resources)
+        if restored:
+            self.log.warning("Test cells missing from the submission, put back from the gradebook: %s",
+                             ", ".join(restored))
         judgement = judge_notebook(nb, cell_seconds=self.timeout)
         apply_judgement(nb, judgement)
         JudgeInSandbox.stopped = judgement.stopped
@@ -28,3 +34,25 @@ class JudgeInSandbox(NbGraderPreprocessor):
                       judgement.seconds, ", ".join(f"{k}: {v}" for k, v in judgement.confinement.items()),
                       ", ".join(failed) or "none")
         return nb, resources
+
+
+def restore_deleted_test_cells(nb, resources) -> list[str]:
+    """Put back, at the end, every test cell the submission deleted (nbgrader restores only edited ones).
+
+    The restored cell is judged like any other, so deleting a test neither scores nor loses points.
+    """
+    info = resources.get("nbgrader", {})
+    present = {cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") for cell in nb.cells}
+    restored = []
+    with Gradebook(info["db_url"]) as gb:
+        notebook = gb.find_notebook(info["notebook"], info["assignment"])
+        answers = {cell.name for cell in notebook.solution_cells}
+        for grade_cell in notebook.grade_cells:
+            if grade_cell.cell_type != "code" or grade_cell.name in answers or grade_cell.name in present:
+                continue
+            source = gb.find_source_cell(grade_cell.name, info["notebook"], info["assignment"])
+            nb.cells.append(nbformat.v4.new_code_cell(source.source, metadata={"nbgrader": {
+                "grade": True, "solution": False, "locked": True, "grade_id": grade_cell.name,
+                "points": grade_cell.max_score, "schema_version": 3}}))
+            restored.append(grade_cell.name)
+    return restored

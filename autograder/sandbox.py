@@ -40,15 +40,18 @@ _SYSTEM_READABLE = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc",
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    memory_bytes: int = 6 << 30       # address space per process (torch alone maps ~1.5 GB)
+    memory_bytes: int = 3 << 30       # address space per process (a notebook with torch maps ~0.8 GB)
     processes: int = 128              # a fork bomb stops here
     file_bytes: int = 1 << 30         # largest file it may write
     cpu_seconds: int = 900
     open_files: int = 1024
 
 
-class SandboxDied(Exception):
-    """The sandbox ended or was stopped; the message is for the learner."""
+class SandboxDied(BaseException):
+    """The sandbox ended or was stopped; the message is for the learner.
+
+    A BaseException, like KeyboardInterrupt, so that a check's ``except Exception`` around a
+    call into the submission does not take it for the submission's own error and go on."""
 
 
 class LearnerError(Exception):

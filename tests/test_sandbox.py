@@ -1,0 +1,146 @@
+"""The sandbox trusted grading runs submissions in: each confinement, tried for real.
+
+These tests run on Linux with user namespaces and Landlock (this project's CI machines);
+where the machine lacks one, the sandbox reports it off and the test that needs it is
+skipped with that reason.
+"""
+
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from autograder import wire
+from autograder.sandbox import Limits, RemoteObject, Sandbox, SandboxDied
+from notebook_files import ROOT
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(cell_seconds=20) as box:
+        yield box
+
+
+def needs(sandbox, part: str):
+    state = sandbox.confinement.get(part, "off")
+    if state.startswith("off"):
+        pytest.skip(f"this machine gives the sandbox no {part} confinement: {state}")
+
+
+def run(sandbox, source: str):
+    """Run a cell in the sandbox; return the exception it raised (None if none)."""
+    try:
+        sandbox.request("exec", source, "<test>")
+    except Exception as exc:       # noqa: BLE001 (the submission's error, rebuilt here)
+        return exc
+    return None
+
+
+def test_values_come_back_as_data_and_objects_as_proxies(sandbox):
+    run(sandbox, "import numpy as np, torch\n"
+                 "def f(w, state):\n    state['t'] += 1\n    state['m'] += 1.0\n"
+                 "    return {'w': w * 2, 'spans': [range(0, 4)], 't': torch.arange(3), 'f': f}")
+    f = sandbox.request("lookup", "f")
+    state = {"t": 0, "m": np.zeros(2)}
+    result = f(np.ones(2), state)
+    assert np.array_equal(result["w"], [2.0, 2.0]) and result["spans"] == [range(0, 4)]
+    assert torch.equal(result["t"], torch.arange(3)) and isinstance(result["f"], RemoteObject)
+    assert state["t"] == 1 and np.array_equal(state["m"], [1.0, 1.0])   # changed in place, as in a kernel
+
+
+def test_the_wire_refuses_anything_but_data():
+    with pytest.raises(ValueError):
+        wire.decode({"$ndarray": {"dtype": "O", "shape": [1], "data": ""}}, lambda ref: None)
+    with pytest.raises(ValueError):
+        wire.decode({"__reduce__": "os.system"}, lambda ref: None)
+
+
+def test_learner_exceptions_come_back_with_their_type_and_message(sandbox):
+    assert isinstance(run(sandbox, "raise NotImplementedError('stub')"), NotImplementedError)
+    custom = run(sandbox, "class Oops(Exception):\n    pass\nraise Oops('custom')")
+    assert type(custom).__name__ == "Oops" and str(custom) == "custom"
+
+
+def test_no_network(sandbox):
+    needs(sandbox, "namespaces")
+    error = run(sandbox, "import socket\nsocket.create_connection(('151.101.0.223', 443), timeout=3)")
+    assert isinstance(error, OSError) and "unreachable" in str(error)
+
+
+def test_loopback_works_inside_for_the_gloo_demos(sandbox):
+    needs(sandbox, "namespaces")
+    assert run(sandbox, "import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen()\n"
+                        "socket.create_connection(s.getsockname(), timeout=3).close()") is None
+
+
+def test_the_course_folder_is_out_of_reach(sandbox):
+    needs(sandbox, "filesystem")
+    for path in (ROOT / "solutions", ROOT / "README.md", ROOT / "tests"):
+        assert isinstance(run(sandbox, f"open({str(path)!r}).read() if {path.is_file()} else "
+                                       f"__import__('os').listdir({str(path)!r})"), PermissionError), path
+    assert isinstance(run(sandbox, f"open({str(ROOT / 'escaped.txt')!r}, 'w')"), PermissionError)
+    assert isinstance(run(sandbox, "open('/tmp/escaped_from_sandbox.txt', 'w')"), PermissionError)
+    assert run(sandbox, "open('mine.txt', 'w').write('its own folder is writable')") is None
+    assert (sandbox.workdir / "mine.txt").exists()
+
+
+def test_a_memory_bomb_gets_an_error_not_the_machine(sandbox):
+    error = run(sandbox, "import torch\nhoard = [torch.empty(1 << 28) for _ in range(100)]")
+    assert isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+
+
+def test_a_fork_bomb_hits_the_ceiling_and_everything_it_started_dies_with_the_sandbox():
+    box = Sandbox(Limits(processes=32), cell_seconds=4).start()
+    try:
+        needs(box, "processes")
+        before = time.monotonic()
+        with pytest.raises(SandboxDied, match="time limit"):
+            box.request("exec", "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+                                "        time.sleep(0.01)", "<bomb>")
+        assert time.monotonic() - before < 15
+    finally:
+        workdir = str(box.workdir)
+        box.close()
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", "autograder.sandbox_child"], capture_output=True, text=True).stdout.split()
+    survivors = [pid for pid in left if workdir in open(f"/proc/{pid}/cmdline").read().replace("\0", " ")]
+    assert survivors == []
+
+
+@pytest.mark.parametrize("source, says", [
+    ("import os\nos._exit(3)", "exit code 3"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),
+    ("while True:\n    pass", "time limit"),
+])
+def test_ending_or_hanging_the_process_is_reported_and_a_new_sandbox_starts_clean(source, says):
+    box = Sandbox(cell_seconds=3).start()
+    try:
+        with pytest.raises(SandboxDied, match=says):
+            box.request("exec", source, "<attack>")
+        assert not box.alive
+    finally:
+        box.close()
+
+
+def test_patching_shared_code_is_undone_and_reported(sandbox):
+    answer = sandbox.raw_request("exec", "import torch, builtins\ntorch.equal = lambda *a: True\n"
+                                         "builtins.len = lambda x: 0", "<patch>")
+    assert set(answer["tampered"]) == {"torch.equal", "builtins.len"}
+    assert run(sandbox, "import torch\nassert not torch.equal(torch.zeros(1), torch.ones(1))\n"
+                        "assert len([1, 2]) == 2") is None
+    assert sandbox.raw_request("exec", "x = 1", "<clean>")["tampered"] == []
+
+
+def test_the_sandbox_sees_a_scrubbed_environment(sandbox):
+    os.environ["WORKBOOK_SECRET_FOR_TEST"] = "hidden"
+    box = Sandbox().start()
+    try:
+        box.request("exec", "import os\nenv = dict(os.environ)", "<env>")
+        env = box.request("lookup", "env")
+    finally:
+        box.close()
+        del os.environ["WORKBOOK_SECRET_FOR_TEST"]
+    assert "WORKBOOK_SECRET_FOR_TEST" not in env and env["HOME"] == env["TMPDIR"].rsplit("/", 1)[0]
