@@ -1,6 +1,6 @@
 """Trusted grading against the catalog of hostile and broken submissions.
 
-A course with the real notebook 07, one student per entry of
+A course with notebook 07 (its exercises, without the demos), one student per entry of
 ``tests/fixtures/hostile_submissions.py`` and a correct classmate, graded as an
 instructor would: ``workbook-grade`` two at a time (nbgrader's Autograde with the judge),
 and one attack also by ``nbgrader autograde`` itself.
@@ -51,9 +51,18 @@ def _test_cells_of(nb, exercise):
     return [c for c in nb.cells if nbgrader_meta(c).get("grade_id", "").startswith(f"test_{exercise}")]
 
 
+def exercises_only(path: Path):
+    """Notebook 07 without its demos (set-up cell, prose and the graded cells kept): what is judged is
+    the same, and a class of 21 grades in a third of the time."""
+    nb = nbformat.read(path, as_version=4)
+    setup = next(c for c in nb.cells if c.cell_type == "code")
+    nb.cells = [c for c in nb.cells if c.cell_type == "markdown" or c is setup or nbgrader_meta(c).get("grade_id")]
+    return nb
+
+
 def build_course(folder: Path) -> None:
     ESCAPE.unlink(missing_ok=True)
-    course = new_course(folder / "course", {NAME: SOURCE})
+    course = new_course(folder / "course", {NAME: exercises_only(SOURCE)})
     released = course / "notebooks" / NAME / f"{NAME}.ipynb"
     submit(course, "correct", NAME, fill_answers(released, solution_answers(SOURCE)))
     correct = {**solution_answers(SOURCE), catalog.UNTOUCHED: catalog.RESUME_SHARDS_ALONE}
