@@ -115,6 +115,7 @@ class Judge:
         self.limits = limits
         self.sandbox: Sandbox | None = None
         self.good: list[tuple[int, str]] = []       # program cells that ran without killing the sandbox
+        self.confinement: dict = {}
         self.cell_errors: dict[int, dict] = {}
         self.stopped: dict[str, str] = {}            # answer cell grade_id -> why it was stopped
         self.failed_answers: dict[str, str] = {}     # answer cell grade_id -> the error it raised
@@ -131,19 +132,25 @@ class Judge:
                     verdicts.append(self._test(cell))
                 else:
                     self._program_cell(index, cell.source)
-            confinement = self.sandbox.confinement if self.sandbox else {}
         finally:
             self._stop()
-        return Judgement(verdicts, self.cell_errors, confinement, time.perf_counter() - started)
+        return Judgement(verdicts, self.cell_errors, self.confinement, time.perf_counter() - started)
 
     # the sandbox, kept running across cells
     def _ensure_sandbox(self) -> Sandbox:
-        if self.sandbox is None or not self.sandbox.alive:
+        while self.sandbox is None or not self.sandbox.alive:
             self._stop()
             self.sandbox = Sandbox(self.limits, self.cell_seconds).start()
-            for index, source in self.good:
-                with contextlib.suppress(Exception):
+            self.confinement = self.sandbox.confinement
+            for index, source in list(self.good):
+                try:
                     self.sandbox.request("exec", source, f"<cell {index}>")
+                except SandboxDied as stopped:     # it ran the first time, not on replay: leave it out too
+                    self.good.remove((index, source))
+                    self._skip(index, str(stopped))
+                    break
+                except Exception:                  # noqa: BLE001 (its error was recorded the first time)
+                    pass
         return self.sandbox
 
     def _stop(self) -> None:

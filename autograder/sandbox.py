@@ -199,7 +199,7 @@ class Sandbox:
     def raw_request(self, op: str, *args, timeout: float | None = None) -> dict:
         if not self.alive:
             raise SandboxDied("the sandbox is not running")
-        blob = pickle.dumps((op, *args), protocol=pickle.HIGHEST_PROTOCOL) if op != "call" else args[0]
+        blob = pickle.dumps((op, *args), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             os.write(self._request_w, struct.pack(">Q", len(blob)))
             view = memoryview(blob)
@@ -213,8 +213,7 @@ class Sandbox:
 
     def call(self, ref: int, args: tuple, kwargs: dict):
         """Call a sandbox object; arguments it changed in place (dicts, lists, arrays, tensors) change here too."""
-        blob = pickle.dumps(("call", ref, self.pickle((args, kwargs))), protocol=pickle.HIGHEST_PROTOCOL)
-        answer = self.raw_request("call", blob)
+        answer = self.raw_request("call", ref, self.pickle((args, kwargs)))
         if "raised" in answer:
             raise _learner_exception(answer["raised"]) from None
         for key, encoded in answer.get("changed", []):

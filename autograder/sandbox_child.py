@@ -297,7 +297,7 @@ class Server:
             try:
                 answer = getattr(self, "op_" + op)(*args)
             except BaseException as exc:          # noqa: BLE001 (the submission's exception is the answer)
-                answer = {"raised": self.describe(exc)}
+                answer = {"raised": _describe(exc)}
             answer["tampered"] = list(self.tampered[:12])
             self.send(answer)
 
@@ -334,11 +334,8 @@ class Server:
             try:
                 self.submitted(lambda: exec(compile(source, label, "exec"), self.namespace))
             except BaseException as exc:     # noqa: BLE001
-                return {"raised": self.describe(exc), "stdout": out.getvalue()[-4000:]}
+                return {"raised": _describe(exc), "stdout": out.getvalue()[-4000:]}
         return {"value": None, "stdout": out.getvalue()[-4000:]}
-
-    def describe(self, exc: BaseException) -> dict:
-        return _describe(exc)
 
     def op_lookup(self, name: str) -> dict:
         if name not in self.namespace:
