@@ -323,14 +323,16 @@ class LabNotebook:
             start = code[0]
         else:
             self._run_from(start, last=len(cells) - 1)
-        stops, previous = 0, None
-        for _ in code:
+        stops, tries = 0, {}
+        for _ in range(2 * len(code)):
             cells = self.cells()
             ran = [i for i in code if i >= start and cells[i].executed and cells[i].prompt != before[i]]
             pending = next((i for i in code if i > max(ran, default=start - 1)), None)
-            if pending is None or pending == previous:
-                return stops  # done, or stuck: the caller reports cells that did not run
-            stops, previous = stops + 1, pending
+            if pending is None or tries.get(pending, 0) == 2:
+                return stops  # done, or stuck (a run from there twice did not run it): the caller reports it
+            if not tries.get(pending):
+                stops += 1     # a loaded machine may swallow a click: a second try is not a second stop
+            tries[pending] = tries.get(pending, 0) + 1
             self._run_from(pending, last=len(cells) - 1)
         return stops
 
