@@ -291,12 +291,16 @@ class LabNotebook:
         raise TimeoutError(f"{self.path}: cells still running after {timeout_s:.0f} s")
 
     def select(self, index: int) -> None:
-        """Click a cell's prompt area: selects the cell without entering its editor."""
+        """Click a cell's prompt area: selects the cell without entering its editor. Clicks again
+        until the cell is the active one: outputs still rendering above it can move it under the mouse."""
         cell = self.cell(index)
-        cell.scroll_into_view_if_needed()
-        cell.locator(".jp-InputPrompt").first.click()
-        if "jp-mod-active" not in (cell.get_attribute("class") or ""):
+        for _ in range(5):
+            cell.scroll_into_view_if_needed()
             cell.locator(".jp-InputPrompt").first.click()
+            if "jp-mod-active" in (cell.get_attribute("class") or ""):
+                return
+            self.page.wait_for_timeout(200)
+        raise AssertionError(f"{self.path}: cell {index + 1} cannot be selected by clicking its prompt")
 
     def _run(self, menu_item: str, watch: int) -> None:
         """Start a run from the Run menu, see it start (cell ``watch``'s prompt changes), see it end."""
@@ -312,8 +316,8 @@ class LabNotebook:
 
     def run_everything(self, start: int | None = None) -> int:
         """Run > Run All Cells (or, from cell ``start``, Run Selected Cell and All Below).
-        JupyterLab stops at a cell that raises, so carry on from the next code cell until every
-        code cell after the start ran. Returns how many times the run stopped at an error."""
+        JupyterLab stops at a cell that raises, so carry on from the first code cell not run yet
+        until every code cell from the start ran. Returns how many times the run stopped at an error."""
         cells = self.cells()
         code = [i for i, c in enumerate(cells) if c.kind == "code"]
         # A cell ran in this pass when its prompt number changed (numbers only grow).
@@ -324,17 +328,19 @@ class LabNotebook:
         else:
             self._run_from(start, last=len(cells) - 1)
         stops, tries = 0, {}
-        for _ in range(2 * len(code)):
+        while True:
             cells = self.cells()
-            ran = [i for i in code if i >= start and cells[i].executed and cells[i].prompt != before[i]]
-            pending = next((i for i in code if i > max(ran, default=start - 1)), None)
+            pending = next((i for i in code if i >= start
+                            and not (cells[i].executed and cells[i].prompt != before[i])), None)
             if pending is None or tries.get(pending, 0) == 2:
                 return stops  # done, or stuck (a run from there twice did not run it): the caller reports it
-            if not tries.get(pending):
-                stops += 1     # a loaded machine may swallow a click: a second try is not a second stop
+            # Run again from the first cell not run. A stop is the cell above it showing an error;
+            # otherwise a loaded machine dropped the click or the request, and that is no stop.
+            above = max((i for i in code if i < pending), default=None)
+            if not tries.get(pending) and above is not None and cells[above].stderr_texts:
+                stops += 1
             tries[pending] = tries.get(pending, 0) + 1
             self._run_from(pending, last=len(cells) - 1)
-        return stops
 
     def _run_from(self, index: int, last: int) -> None:
         self.select(index)
