@@ -3,7 +3,7 @@
 Used by the self-check command and the test suite. It mirrors ``nbgrader
 autograde``: test cells are restored from the released notebook, each cell runs
 with a time limit in a fresh kernel, and every test cell is scored by nbgrader's
-own ``determine_grade``. On top of that it survives what a learner's code can do
+own rule (``determine_grade``). On top of that it survives what a learner's code can do
 to a kernel: a cell that loops forever or kills the kernel costs that cell, the
 kernel is restarted, earlier good cells are replayed, and grading goes on.
 """
@@ -21,7 +21,6 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
-from nbgrader.utils import determine_grade
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RELEASE_DIR = REPO_ROOT / "notebooks"
@@ -235,6 +234,21 @@ class CellRunner:
                 break
 
 
+def score_test_cell(cell) -> tuple[float, float]:
+    """(points, max points) of a test cell by nbgrader's rule (``nbgrader.utils.determine_grade``):
+    zero when it shows an error or writes to stderr, else full marks. Importing nbgrader takes
+    over a second, so it is imported only for a cell with a result that could be a partial grade."""
+    max_points = float(nbgrader_meta(cell)["points"])
+    for output in cell.outputs:
+        if output.output_type == "error" or (output.output_type == "stream" and output.get("name") == "stderr"):
+            return 0.0, max_points
+        if output.output_type == "execute_result":
+            from nbgrader.utils import determine_grade
+            points, max_points = determine_grade(cell)
+            return float(points or 0), float(max_points)
+    return max_points, max_points
+
+
 def failure_message(cell, exercise: str, answer_names: set[str]) -> str:
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
@@ -292,7 +306,7 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_CELL_TIMEOUT,
             continue
         meta = nbgrader_meta(cell)
         exercise = exercise_of(meta["grade_id"], expected_names)
-        points, max_points = determine_grade(cell)
+        points, max_points = score_test_cell(cell)
         message = problems.get(index) or failure_message(cell, exercise, answer_names)
         if index in problems:
             points = 0.0

@@ -150,7 +150,9 @@ def print_notebooks(result: dict) -> None:
     say(f"{'notebook':<28} {'run s':>7} {'ratio':>6} {'check s':>8} {'ratio':>6} {'target':>7}  verdict")
     for r in result["rows"]:
         ratios = [r.get("notebook_ratio"), r.get("selfcheck_ratio")]
-        verdict = r["error"] or ("ok" if r.get("notebook_ratio", 0) <= r["target_ratio"] else "SLOWER than target")
+        slower = [what for what, ratio in zip(("run", "self-check"), ratios) if ratio and ratio > r["target_ratio"]]
+        verdict = r["error"] or ("not measured" if not any(ratios) else
+                                 f"{' and '.join(slower)} SLOWER than target" if slower else "ok")
         cells = [f"{r.get('notebook_median_s', float('nan')):>7.2f}", f"{ratios[0] or float('nan'):>6.2f}",
                  f"{r.get('selfcheck_median_s', float('nan')):>8.2f}", f"{ratios[1] or float('nan'):>6.2f}"]
         say(f"{r['notebook']:<28} {' '.join(cells)} {r['target_ratio']:>6}x  {verdict}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.notebook_runner import grade_notebook
+from autograder.notebook_runner import grade_notebook, score_test_cell
 from notebook_files import ROOT, fill_answers, solution_answers
 
 NAME = "01_state_dict_aliasing"
@@ -130,3 +130,27 @@ def test_command_exits_zero_on_a_fully_correct_notebook_and_prints_a_table():
 def test_unknown_notebook_name_is_a_clear_error():
     run = subprocess.run([WORKBOOK_CHECK, "99"], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "no notebook matches '99'" in run.stderr
+
+
+_OUTPUTS = {
+    "nothing": [],
+    "a pass line": [nbformat.v4.new_output("stream", name="stdout", text="✓ fine\n")],
+    "a warning": [nbformat.v4.new_output("stream", name="stderr", text="UserWarning: hm\n")],
+    "an error": [nbformat.v4.new_output("error", ename="AssertionError", evalue="no", traceback=[])],
+    "output then error": [nbformat.v4.new_output("stream", name="stdout", text="x\n"),
+                          nbformat.v4.new_output("error", ename="ValueError", evalue="", traceback=[])],
+    "a partial grade": [nbformat.v4.new_output("execute_result", data={"text/plain": "0.5"}, execution_count=1)],
+    "a result that is no grade": [nbformat.v4.new_output("execute_result", data={"text/plain": "'ok'"},
+                                                         execution_count=1)],
+}
+
+
+@pytest.mark.parametrize("shows", list(_OUTPUTS))
+def test_test_cells_are_scored_exactly_as_nbgrader_scores_them(shows):
+    # The self-check scores test cells without importing nbgrader (a second of start-up); same rule.
+    from nbgrader.utils import determine_grade
+    cell = nbformat.v4.new_code_cell("check(answer)", outputs=_OUTPUTS[shows])
+    cell.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True, "points": 2,
+                                 "grade_id": "test_answer", "schema_version": 3}
+    points, max_points = determine_grade(cell)
+    assert score_test_cell(cell) == (float(points or 0), float(max_points))
