@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +220,8 @@ class Sandbox:
         for key, encoded in answer.get("changed", []):
             target = args[key] if isinstance(key, int) else kwargs[key]
             _update_in_place(target, self.decode(encoded))
+        for message in answer.get("warnings", []):
+            warnings.warn(str(message), UserWarning, stacklevel=2)   # as if the call had warned here
         return self.decode(answer["value"])
 
     def decode(self, data):

@@ -1,7 +1,7 @@
 """The only format in which values leave a sandbox: JSON with a few tagged types.
 
 The judge never unpickles anything a submission produced (unpickling runs code).
-Plain values, ranges, NumPy arrays and tensors travel as data; anything else stays
+Plain values, ranges, paths, NumPy arrays and tensors travel as data; anything else stays
 in the sandbox and travels as a numbered reference (``{"$ref": n}``) that the judge
 turns into a proxy. Decoding rebuilds only the types listed here.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import pathlib
 from typing import Any, Callable
 
 import numpy as np
@@ -51,6 +52,8 @@ def encode(value: Any, reference: Callable[[Any], dict]) -> Any:
             return {"$dict": [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]}
         if type(v) is bytes:
             return {"$bytes": base64.b64encode(v).decode()}
+        if type(v) in (pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath, pathlib.PureWindowsPath):
+            return {"$path": str(v)}
         return reference(v)
 
     return enc(value, 0)
@@ -94,6 +97,8 @@ def decode(data: Any, dereference: Callable[[dict], Any]) -> Any:
             return {dec(k): dec(v) for k, v in d["$dict"]}
         if "$bytes" in d:
             return base64.b64decode(d["$bytes"])
+        if "$path" in d and isinstance(d["$path"], str):
+            return pathlib.Path(d["$path"])
         if "$ref" in d:
             return dereference(d)
         raise ValueError(f"not a wire value: {d!r:.80}")

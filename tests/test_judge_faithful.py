@@ -5,9 +5,9 @@ and wrong) is defined inside a real sandbox, and each check runs here on the pro
 the notebook's visible and hidden arguments. The pass/fail verdict and the failure
 message must equal those of the same check run in this process on the real function:
 the proxy (data in, data out, changes to arguments copied back) changes nothing a check
-can see. The one check that does see a difference (``judge.JUDGED_INSIDE``: a live view
-copied out of the sandbox becomes a snapshot) is judged inside; the test below that
-drops the exception shows why it must be.
+can see. Checks that would see a difference (``judge.JUDGED_INSIDE``: a live view copied
+out of the sandbox becomes a snapshot; an ``atomic_save`` must be watched and killed in its
+own process) are judged inside; the test below that drops one exception shows why.
 """
 
 import inspect
@@ -16,14 +16,16 @@ import pytest
 
 import test_00_start_here as t00
 import test_02_adam_resume as t02
+import test_05_atomic_writes as t05
 import test_06_data_ledger as t06
 import test_07_distributed_sampler as t07
 import test_08_commit_boundary as t08
-from autograder import adam_resume, commit_boundary, data_ledger, distributed_sampler, start_here
+from autograder import adam_resume, atomic_writes, commit_boundary, data_ledger, distributed_sampler, start_here
 from autograder.judge import JUDGED_INSIDE, JUDGED_OUTSIDE, judged_outside
 from autograder.sandbox import Sandbox
 from check_outcomes import failure_of
-from fixtures import adam_resume_impls, commit_boundary_impls, data_ledger_impls, distributed_sampler_impls, start_here_impls
+from fixtures import (adam_resume_impls, atomic_writes_impls, commit_boundary_impls, data_ledger_impls,
+                      distributed_sampler_impls, start_here_impls)
 
 TIMING_CHECKS = {"check_audit_scale"}  # its message quotes measured times
 
@@ -43,6 +45,15 @@ def _cases_02():
     for impl in sorted(saves, key=lambda f: f.__name__):
         yield impl, [("check_save_checkpoint", {k: v for k, v in kwargs.items() if k != "n"})
                      for kwargs in t02.CHECKPOINT_ARGUMENTS]
+
+
+def _cases_05():
+    # Only the loader: atomic_save's checks are all judged inside (see judge.JUDGED_INSIDE).
+    impls = atomic_writes_impls
+    for impl in impls.CORRECT_LOADERS + [w for w in impls.WRONG if w.__name__.startswith("load")]:
+        yield impl, [(name, t05.LOAD_ARGUMENTS["hidden_newest" if name.endswith("newest") and which == "hidden"
+                                               else which])
+                     for name in impls.LOAD_LATEST_CHECKS for which in ("visible", "hidden")]
 
 
 def _cases_06():
@@ -67,6 +78,7 @@ def _cases_08():
 
 SUITES = {"start_here": (start_here, start_here_impls, _cases_00),
           "adam_resume": (adam_resume, adam_resume_impls, _cases_02),
+          "atomic_writes": (atomic_writes, atomic_writes_impls, _cases_05),
           "commit_boundary": (commit_boundary, commit_boundary_impls, _cases_08),
           "data_ledger": (data_ledger, data_ledger_impls, _cases_06),
           "distributed_sampler": (distributed_sampler, distributed_sampler_impls, _cases_07)}
@@ -123,7 +135,9 @@ def test_a_live_state_dict_is_invisible_from_outside(sandboxes):
     ("from autograder.distributed_sampler import check_epoch_order_padding\ncheck_epoch_order_padding(f)", True),
     ("from autograder.data_ledger import check_audit\nimport autograder.start_here\ncheck_audit(audit)", True),
     ("from autograder.state_dict_aliasing import check_snapshot_state\ncheck_snapshot_state(f)", False),
-    ("from autograder.data_ledger import check_audit\nfrom autograder.atomic_writes import x\n", False),
+    ("from autograder.data_ledger import check_audit\nfrom autograder.worker_seeding import x\n", False),
+    ("from autograder.atomic_writes import check_load_latest_checkpoint_newest\ncheck_load_latest_checkpoint_newest(f)", True),
+    ("from autograder.atomic_writes import check_atomic_save_crash\ncheck_atomic_save_crash(atomic_save)", False),
     ("from autograder.data_ledger import check_ledger_state_dict\ncheck_ledger_state_dict(Ledger)", False),
     ("assert add(1, 2) == 3", False),           # no check module: the cell runs in the sandbox
     ("this is not python", False),

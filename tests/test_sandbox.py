@@ -8,6 +8,8 @@ skipped with that reason.
 import os
 import subprocess
 import time
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,6 +51,18 @@ def test_values_come_back_as_data_and_objects_as_proxies(sandbox):
     assert np.array_equal(result["w"], [2.0, 2.0]) and result["spans"] == [range(0, 4)]
     assert torch.equal(result["t"], torch.arange(3)) and isinstance(result["f"], RemoteObject)
     assert state["t"] == 1 and np.array_equal(state["m"], [1.0, 1.0])   # changed in place, as in a kernel
+
+
+def test_paths_come_back_as_paths_and_warnings_as_warnings(sandbox):
+    run(sandbox, "import pathlib, warnings\n"
+                 "def g(name):\n    warnings.warn(f'skipped {name}')\n    return pathlib.Path('/x') / name")
+    g = sandbox.request("lookup", "g")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert g("a.pt") == Path("/x/a.pt")
+    assert [str(w.message) for w in caught] == ["skipped a.pt"]
+    with pytest.raises(ValueError):
+        wire.decode({"$path": ["not", "text"]}, lambda ref: None)
 
 
 def test_the_wire_refuses_anything_but_data():
