@@ -64,6 +64,7 @@ from nbgrader.converters import Autograde
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Integer
 
+from . import sandbox
 from .nbgrader_judge import JudgeInSandbox
 from .notebook_runner import DEFAULT_CELL_TIMEOUT, CellRunner
 
@@ -301,6 +302,7 @@ def run_class(jobs: list[SubmissionJob], workers: int, grade: Callable = grade_s
     one is started), so what it records survives an interruption.
     """
     context = multiprocessing.get_context("fork")
+    sandbox.warm_up()     # every child forked below starts its sandboxes from this one zygote
     pending = list(reversed(jobs))
     running: dict[int, _Running] = {}
     outcomes: list[SubmissionOutcome] = []

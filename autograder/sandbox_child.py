@@ -1,6 +1,7 @@
 """The sandbox's side: confine this process, then run what the judge asks, and nothing else.
 
-Started by ``autograder.sandbox.Sandbox`` as ``python -m autograder.sandbox_child REQ RESP CONFIG``.
+Started by ``autograder.sandbox.Sandbox`` as ``python -m autograder.sandbox_child REQ RESP CONFIG``,
+or forked by the zygote (``--zygote``, see ``autograder.sandbox_zygote``) and then run the same way.
 Before any submitted code exists here, this process (trusted code) confines itself:
 
 1. joins its own pids cgroup (or lowers RLIMIT_NPROC): a fork bomb hits a ceiling;
@@ -386,8 +387,7 @@ def _describe(exc: BaseException) -> dict:
     return {"type": str(type(exc).__name__)[:100], "builtin": type(exc).__module__ == "builtins", "message": message}
 
 
-def main() -> None:
-    request_fd, response_fd, config = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+def run(request_fd: int, response_fd: int, config: dict) -> None:
     report = confine(config)
     import autograder.wire  # noqa: F401  (import torch and numpy once, before the fork)
     server = Server(request_fd, response_fd, report)
@@ -399,5 +399,80 @@ def main() -> None:
     _exit_like(os.waitpid(init, 0)[1])
 
 
+# ---- the zygote: sandboxes forked from a process that has imported torch already ----------------------
+
+def zygote(listen_fd: int) -> None:
+    """Serve ``autograder.sandbox_zygote``: fork one sandbox per connection, and send back its pidfd,
+    then its exit code when it ends. Runs no submitted code itself: only its children do, after ``run``
+    has confined them, so it saves each sandbox the 2 s of importing torch."""
+    import selectors
+
+    import autograder.wire  # noqa: F401  (torch and numpy, for every child)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # ends with the grader that started it
+    if os.getppid() == 1:
+        os._exit(0)
+    listener = socket.socket(fileno=listen_fd)
+    watch = selectors.DefaultSelector()
+    watch.register(listener, selectors.EVENT_READ)
+    while True:
+        for key, _ in watch.select():
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                started = _fork_sandbox(conn, listener)
+                if started is None:
+                    conn.close()
+                else:
+                    watch.register(started[1], selectors.EVENT_READ, (started[0], conn))
+            else:
+                pid, conn = key.data
+                watch.unregister(key.fileobj)
+                os.close(key.fileobj)
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                try:
+                    conn.sendall(f"{code}\n".encode())
+                except OSError:
+                    pass
+                conn.close()
+
+
+def _fork_sandbox(conn: socket.socket, listener: socket.socket) -> tuple[int, int] | None:
+    try:
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        spec = json.loads(message)
+        request_fd, response_fd, log_fd = fds
+    except (OSError, ValueError):
+        return None
+    pid = os.fork()
+    if pid == 0:
+        try:
+            # What subprocess.Popen did for a sandbox started on its own: new session, its folder,
+            # its environment, stdin from /dev/null and output to its log; no other descriptor.
+            os.setsid()
+            os.chdir(spec["cwd"])
+            os.environ.clear()
+            os.environ.update(spec["env"])
+            import tempfile
+            tempfile.tempdir = None
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            low, high = sorted((request_fd, response_fd))
+            os.closerange(3, low)
+            os.closerange(low + 1, high)
+            os.closerange(high + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            run(request_fd, response_fd, spec["config"])
+        finally:
+            os._exit(70)
+    for fd in fds:
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    socket.send_fds(conn, [b"%d\n" % pid], [pidfd])
+    return pid, pidfd
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--zygote":
+        zygote(int(sys.argv[2]))
+    else:
+        run(int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3]))
