@@ -158,3 +158,44 @@ def test_the_sandbox_sees_a_scrubbed_environment(sandbox):
         box.close()
         del os.environ["WORKBOOK_SECRET_FOR_TEST"]
     assert "WORKBOOK_SECRET_FOR_TEST" not in env and env["HOME"] == env["TMPDIR"].rsplit("/", 1)[0]
+
+
+def test_a_sandbox_forked_by_the_zygote_is_confined_like_one_started_afresh(sandbox, monkeypatch):
+    from autograder import sandbox_zygote
+    if not sandbox_zygote.available():
+        pytest.skip("no zygote on this platform: every sandbox starts afresh")
+    assert isinstance(sandbox.process, sandbox_zygote.Child)
+    monkeypatch.setattr(sandbox_zygote, "available", lambda: False)
+    with Sandbox(cell_seconds=20) as fresh:
+        assert not isinstance(fresh.process, sandbox_zygote.Child)
+        assert fresh.confinement == sandbox.confinement
+        assert run(fresh, "import os\nos.getcwd()") is None
+        assert fresh.request("lookup", "os").__class__ is RemoteObject
+
+
+def test_graders_forked_later_share_the_zygote_and_see_their_sandbox_end():
+    from autograder import sandbox, sandbox_zygote
+    if not sandbox_zygote.available():
+        pytest.skip("no zygote on this platform")
+    sandbox.warm_up()
+    parent = sandbox_zygote._zygote["pid"]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            box = Sandbox(cell_seconds=20).start()
+            shared = sandbox_zygote._zygote.get("pid") == parent
+            try:
+                box.request("exec", "import os\nos._exit(3)", "<ends>")
+            except SandboxDied as died:
+                os.write(write, f"{shared} {died}".encode())
+            box.close()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as said:
+        message = said.read()
+    assert message.startswith("True ") and "exit code 3" in message, message
