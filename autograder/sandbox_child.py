@@ -401,46 +401,59 @@ def run(request_fd: int, response_fd: int, config: dict) -> None:
 
 # ---- the zygote: sandboxes forked from a process that has imported torch already ----------------------
 
-def zygote(listen_fd: int) -> None:
-    """Serve ``autograder.sandbox_zygote``: fork one sandbox per connection, and send back its pidfd,
+def zygote(control_fd: int) -> None:
+    """Serve ``autograder.sandbox_zygote``: fork one sandbox per request, and send back its pidfd,
     then its exit code when it ends. Runs no submitted code itself: only its children do, after ``run``
-    has confined them, so it saves each sandbox the 2 s of importing torch."""
+    has confined them, so it saves each sandbox the 2 s of importing torch. Ends when every grading
+    process has closed its end of the control socket, or when the one that started it dies."""
     import selectors
 
     import autograder.wire  # noqa: F401  (torch and numpy, for every child)
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)   # ends with the grader that started it
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         os._exit(0)
-    listener = socket.socket(fileno=listen_fd)
+    control = socket.socket(fileno=control_fd)
     watch = selectors.DefaultSelector()
-    watch.register(listener, selectors.EVENT_READ)
+    watch.register(control, selectors.EVENT_READ)
     while True:
         for key, _ in watch.select():
-            if key.fileobj is listener:
-                conn, _ = listener.accept()
-                started = _fork_sandbox(conn, listener)
-                if started is None:
-                    conn.close()
-                else:
-                    watch.register(started[1], selectors.EVENT_READ, (started[0], conn))
+            if key.fileobj is control:
+                try:
+                    message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
+                except OSError:
+                    continue
+                if not message and not fds:
+                    os._exit(0)                   # no grader holds the other end any more
+                started = _fork_sandbox(message, fds)
+                if started is not None:
+                    watch.register(started[1], selectors.EVENT_READ, started)
             else:
-                pid, conn = key.data
-                watch.unregister(key.fileobj)
-                os.close(key.fileobj)
+                pid, pidfd, reply = key.data
+                watch.unregister(pidfd)
+                os.close(pidfd)
                 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
                 try:
-                    conn.sendall(f"{code}\n".encode())
+                    reply.sendall(f"{code}\n".encode())
                 except OSError:
                     pass
-                conn.close()
+                reply.close()
 
 
-def _fork_sandbox(conn: socket.socket, listener: socket.socket) -> tuple[int, int] | None:
+def _fork_sandbox(message: bytes, fds: list[int]) -> tuple[int, int, socket.socket] | None:
+    if len(fds) != 4:
+        for fd in fds:
+            os.close(fd)
+        return None
+    request_fd, response_fd, log_fd, reply_fd = fds
+    reply = socket.socket(fileno=reply_fd)
     try:
-        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         spec = json.loads(message)
-        request_fd, response_fd, log_fd = fds
-    except (OSError, ValueError):
+    except ValueError:
+        spec = None
+    if not isinstance(spec, dict):
+        for fd in fds[:3]:
+            os.close(fd)
+        reply.close()
         return None
     pid = os.fork()
     if pid == 0:
@@ -464,11 +477,14 @@ def _fork_sandbox(conn: socket.socket, listener: socket.socket) -> tuple[int, in
             run(request_fd, response_fd, spec["config"])
         finally:
             os._exit(70)
-    for fd in fds:
+    for fd in fds[:3]:
         os.close(fd)
     pidfd = os.pidfd_open(pid)
-    socket.send_fds(conn, [b"%d\n" % pid], [pidfd])
-    return pid, pidfd
+    try:
+        socket.send_fds(reply, [b"%d\n" % pid], [pidfd])
+    except OSError:
+        pass
+    return pid, pidfd, reply
 
 
 if __name__ == "__main__":

@@ -3,8 +3,12 @@
 A sandbox started as a fresh interpreter spends about 2 s importing torch before it can run a
 cell, and grading starts one per notebook. The zygote (``sandbox_child.zygote``) imports torch
 once and forks a child per sandbox; the child confines itself exactly as a fresh one does, before
-any submitted code exists in it. The zygote listens on a socket in a private folder, so
-grading processes forked later (``workbook.py grade``) share the one their parent started.
+any submitted code exists in it.
+
+The zygote is reached through a socket pair, never a path: a sandboxed submission must not be
+able to ask it for an unconfined process, and a socket it cannot name it cannot reach. Grading
+processes forked later (``workbook.py grade``) inherit their parent's end and share its zygote;
+each request is one datagram carrying its own reply socket, so they never mix.
 
 ``spawn`` returns a ``Child``: ``poll``, ``wait`` and ``kill`` as on ``subprocess.Popen``. The
 zygote sends the child's pidfd (a signal reaches that process, never a later one with its pid)
@@ -21,10 +25,9 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-_zygote: dict = {}     # "process", "path", "folder" of the zygote this process (or its parent) started
+_zygote: dict = {}     # "process", "control" (our end of the socket pair), "pid" (who started it)
 
 
 class Child:
@@ -70,31 +73,30 @@ def available() -> bool:
 
 def spawn(config: dict, env: dict, cwd: Path, request_fd: int, response_fd: int, log_fd: int) -> Child:
     """A sandbox process like ``python -m autograder.sandbox_child REQ RESP CONFIG`` in ``cwd`` with ``env``."""
-    conn = _connect(env)
+    message = json.dumps({"config": config, "env": env, "cwd": str(cwd)}).encode()
+    reply, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        message = json.dumps({"config": config, "env": env, "cwd": str(cwd)}).encode()
-        socket.send_fds(conn, [message], [request_fd, response_fd, log_fd])
-        conn.shutdown(socket.SHUT_WR)
-        reply, fds, _, _ = socket.recv_fds(conn, 64, 1)
-        if not fds or b"\n" not in reply:
+        with theirs:
+            _send(message, [request_fd, response_fd, log_fd, theirs.fileno()], env)
+        answer, fds, _, _ = socket.recv_fds(reply, 64, 1)
+        if not fds or b"\n" not in answer:
             raise OSError("the sandbox zygote did not start a sandbox")
-        pid, received = reply.split(b"\n", 1)       # a child that ended at once: its code may follow
-        return Child(conn, int(pid), fds[0], received)
+        pid, received = answer.split(b"\n", 1)       # a child that ended at once: its code may follow
+        return Child(reply, int(pid), fds[0], received)
     except BaseException:
-        conn.close()
+        reply.close()
         raise
 
 
-def _connect(env: dict) -> socket.socket:
-    """A connection to the zygote this process or its parent started; one is started if none answers."""
+def _send(message: bytes, fds: list[int], env: dict) -> None:
+    """To the zygote this process or its parent started; one is started if none is there."""
     for attempt in (1, 2):
         if _zygote:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                conn.connect(_zygote["path"])
-                return conn
+                socket.send_fds(_zygote["control"], [message], fds)
+                return
             except OSError:
-                conn.close()
+                pass
         if attempt == 1:
             _start(env)
     raise OSError("the sandbox zygote does not answer")
@@ -103,31 +105,27 @@ def _connect(env: dict) -> socket.socket:
 def _start(env: dict) -> None:
     """Start this process's zygote, with the environment every sandbox shares."""
     _stop()
-    folder = tempfile.mkdtemp(prefix="workbook-zygote-")   # mode 0700: only this user reaches the socket
-    path = os.path.join(folder, "socket")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     shared = {k: v for k, v in env.items() if k not in ("HOME", "TMPDIR", "MPLCONFIGDIR")}
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "autograder.sandbox_child", "--zygote", str(listener.fileno())],
-            cwd=folder, env=shared, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, pass_fds=(listener.fileno(),), start_new_session=True)
+            [sys.executable, "-m", "autograder.sandbox_child", "--zygote", str(theirs.fileno())],
+            cwd="/", env=shared, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True)
     finally:
-        listener.close()
-    _zygote.update(process=process, path=path, folder=folder, pid=os.getpid())
+        theirs.close()
+    _zygote.update(process=process, control=ours, pid=os.getpid())
 
 
 def _stop() -> None:
-    if _zygote and _zygote["pid"] == os.getpid():
-        _zygote["process"].kill()
-        _zygote["process"].wait()
-        try:
-            os.unlink(_zygote["path"])
-            os.rmdir(_zygote["folder"])
-        except OSError:
-            pass
+    if _zygote:
+        _zygote["control"].close()            # the zygote ends when no process holds this end any more
+        if _zygote["pid"] == os.getpid():
+            try:
+                _zygote["process"].wait(timeout=10)
+            except subprocess.TimeoutExpired:   # a forked grader still holds an end: do not wait for it
+                _zygote["process"].kill()
+                _zygote["process"].wait()
     _zygote.clear()
 
 

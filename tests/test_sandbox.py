@@ -199,3 +199,51 @@ def test_graders_forked_later_share_the_zygote_and_see_their_sandbox_end():
     with os.fdopen(read) as said:
         message = said.read()
     assert message.startswith("True ") and "exit code 3" in message, message
+
+
+def test_a_submission_cannot_reach_the_zygote():
+    # The zygote forks unconfined processes on request: a sandbox must have no way to send it one.
+    # It has no path to connect to; its sockets cannot be opened through /proc or taken with pidfd_getfd.
+    with Sandbox(cell_seconds=20) as fresh:        # fresh: no socket that an earlier test's code opened
+        _try_to_reach_the_zygote(fresh)
+
+
+def _try_to_reach_the_zygote(sandbox):
+    run(sandbox, """
+import ctypes, os
+found, reached = [], []
+libc = ctypes.CDLL(None, use_errno=True)
+for fd in os.listdir('/proc/self/fd'):             # nothing of the zygote's was left open in here
+    try:
+        if os.readlink(f'/proc/self/fd/{fd}').startswith('socket:'):
+            reached.append(f'inherited {fd}')
+    except OSError:
+        pass
+for pid in [p for p in os.listdir('/proc') if p.isdigit()]:
+    try:
+        if b'--zygote' not in open(f'/proc/{pid}/cmdline', 'rb').read():
+            continue
+    except OSError:
+        continue
+    found.append(pid)
+    for fd in range(64):
+        try:
+            os.close(os.open(f'/proc/{pid}/fd/{fd}', os.O_RDWR))
+            if os.readlink(f'/proc/{pid}/fd/{fd}').startswith('socket:'):
+                reached.append(f'open {fd}')
+        except OSError:
+            pass
+        try:
+            pidfd = os.pidfd_open(int(pid))
+        except OSError:
+            continue
+        got = libc.syscall(438, pidfd, fd, 0)          # pidfd_getfd
+        if got >= 0:
+            reached.append(f'pidfd_getfd {fd}')
+        os.close(pidfd)
+""")
+    from autograder import sandbox_zygote
+    if not isinstance(sandbox.process, sandbox_zygote.Child):
+        pytest.skip("no zygote on this platform")
+    assert sandbox.request("lookup", "found"), "the attack did not even find the zygote: it tests nothing"
+    assert sandbox.request("lookup", "reached") == []
