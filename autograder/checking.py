@@ -34,8 +34,14 @@ def require_callable(obj: Any, name: str) -> None:
     expect(
         callable(obj),
         f"`{name}` should be a function (or class) you define in the answer cell, "
-        f"but it is {type(obj).__name__}.",
+        f"but it is {type_name(obj)}.",
     )
+
+
+def type_name(value: Any) -> str:
+    """The name of a value's type, also for a proxy of a value that stays in the sandbox."""
+    remote = getattr(type(value), "_remote_type_name", None)
+    return remote(value) if remote else type(value).__name__
 
 
 def graded_check(what: str) -> Callable:
@@ -55,6 +61,23 @@ def graded_check(what: str) -> Callable:
         return run
 
     return decorate
+
+
+def observe(probe: Callable, *args, **kwargs):
+    """Run ``probe(*args, **kwargs)`` where the learner's code lives, and return what it saw.
+
+    A probe (a ``probe_...`` function of a check module) exercises the learner's objects where
+    they must be exercised (live tensors, DataLoader workers, a process killed mid-write) and
+    returns plain data; the check then judges that data. In the learner's kernel the probe runs
+    right here. In graded mode the learner's names are proxies for a sandbox: the probe runs
+    there, the sandbox's untouched copy of it, and the check judges what comes back in the
+    grading process, against references computed there.
+    """
+    from autograder.sandbox import RemoteObject   # only graded mode has proxies; imported late
+    remote = [v for v in (*args, *kwargs.values()) if isinstance(v, RemoteObject)]
+    if not remote:
+        return probe(*args, **kwargs)
+    return remote[0]._sandbox.probe(probe, args, kwargs)
 
 
 def max_abs_diff(a, b) -> float:

@@ -29,13 +29,14 @@ import time
 import warnings
 
 import nbformat
+import torch
 
 from autograder.notebook_runner import (DEFAULT_CELL_TIMEOUT, exercise_of, failure_message, is_answer_cell,
                                         is_test_cell, nbgrader_meta)
 from autograder.sandbox import Limits, Sandbox, SandboxDied
 
 # Check modules whose test cells run in the judge, calling into the sandbox ...
-JUDGED_OUTSIDE = {"autograder.start_here", "autograder.adam_resume", "autograder.atomic_writes",
+JUDGED_OUTSIDE = {"autograder.start_here", "autograder.state_dict_aliasing", "autograder.adam_resume", "autograder.atomic_writes",
                   "autograder.data_ledger", "autograder.distributed_sampler", "autograder.commit_boundary"}
 # ... except these checks: their trap shows only in the process that holds the objects. A state_dict
 # that is a live view of the ledger looks like a snapshot once copied out of the sandbox; a "checkpoint"
@@ -129,7 +130,11 @@ class Judge:
     def run(self) -> Judgement:
         started = time.perf_counter()
         verdicts = []
+        threads = torch.get_num_threads()
         try:
+            # The sandbox's torch runs on one thread; references computed here must use the same
+            # kernels (a BatchNorm reduction split over 2 threads differs in the last bit).
+            torch.set_num_threads(1)
             for index, cell in enumerate(self.nb.cells):
                 if cell.get("cell_type") != "code":
                     continue
@@ -139,6 +144,7 @@ class Judge:
                     self._program_cell(index, cell.source)
         finally:
             self._stop()
+            torch.set_num_threads(threads)
         return Judgement(verdicts, self.cell_errors, self.confinement, time.perf_counter() - started)
 
     # the sandbox, kept running across cells
@@ -194,18 +200,19 @@ class Judge:
         try:
             sandbox = self._ensure_sandbox()
             sandbox.deadline = time.monotonic() + self.cell_seconds
+            sandbox.tampered.clear()
             if outside:
                 stdout, error = self._test_outside(cell.source, sandbox, grade_id)
-                answer = sandbox.raw_request("integrity")
+                sandbox.raw_request("integrity")
             else:
                 answer = sandbox.raw_request("check", cell.source, f"<test {grade_id}>")
                 stdout = answer.get("stdout", "")
                 if "raised" in answer:
                     error = _error(answer["raised"]["type"], answer["raised"]["message"])
-            if answer.get("tampered"):
+            if sandbox.tampered:     # during any call, probe or the check itself
                 # Zero for this test, and a clean sandbox for the next: what it patched is gone with it.
                 error = _error("SubmissionStopped", f"checking `{exercise}` was stopped: "
-                                                    f"{_tampering(answer['tampered'])}")
+                                                    f"{_tampering(sandbox.tampered)}")
                 self._stop()
         except SandboxDied as stopped:
             error = _error("SubmissionStopped", f"checking `{exercise}` was stopped: {stopped}")

@@ -107,6 +107,9 @@ class RemoteObject:
     def __reduce__(self):
         raise TypeError(f"a {self._type_name} from the submission cannot leave its sandbox")
 
+    def _remote_type_name(self) -> str:
+        return self._type_name
+
 
 class Sandbox:
     """One confined Python process (and everything it starts) with its own working directory."""
@@ -119,6 +122,7 @@ class Sandbox:
         self.confinement: dict = {}
         self._cgroup: Path | None = None
         self.deadline: float | None = None
+        self.tampered: list[str] = []    # shared code the submission changed (and the sandbox put back)
 
     # life cycle
     def start(self, timeout: float = 60) -> "Sandbox":
@@ -215,7 +219,9 @@ class Sandbox:
             raise self._died() from None
         if timeout is None:
             timeout = self.cell_seconds if self.deadline is None else self.deadline - time.monotonic()
-        return self._receive(time.monotonic() + max(timeout, 0.1))
+        answer = self._receive(time.monotonic() + max(timeout, 0.1))
+        self.tampered += answer.get("tampered", [])
+        return answer
 
     def call(self, ref: int, args: tuple, kwargs: dict):
         """Call a sandbox object; arguments it changed in place (dicts, lists, arrays, tensors) change here too."""
@@ -227,6 +233,16 @@ class Sandbox:
             _update_in_place(target, self.decode(encoded))
         for message in answer.get("warnings", []):
             warnings.warn(str(message), UserWarning, stacklevel=2)   # as if the call had warned here
+        return self.decode(answer["value"])
+
+    def probe(self, probe, args: tuple, kwargs: dict):
+        """Run a check module's ``probe_...`` function in the sandbox on these arguments; return what it
+        returned, as data. The sandbox runs its own copy of the probe, as it was before any submitted code."""
+        answer = self.raw_request("probe", probe.__module__, probe.__name__, self.pickle((args, kwargs)))
+        if "raised" in answer:
+            raise _learner_exception(answer["raised"]) from None
+        for message in answer.get("warnings", []):
+            warnings.warn(str(message), UserWarning, stacklevel=2)
         return self.decode(answer["value"])
 
     def decode(self, data):

@@ -168,6 +168,10 @@ GUARDED_MODULES = ("builtins", "math", "random", "operator", "functools", "itert
                    "autograder.data_ledger", "autograder.distributed_sampler", "autograder.commit_boundary",
                    "autograder.sandbox_child")
 GUARDED_CLASSES = (("torch", "Tensor"), ("numpy", "ndarray"))
+# ... and every class these modules hold: the models, optimizers and loaders a probe trains with, and
+# the check modules' own helpers (a probe that trains a model must not find Adam.step made a no-op).
+CLASSES_OF = ("torch.nn", "torch.optim", "torch.optim.lr_scheduler", "torch.utils.data", "torch.amp",
+              *(name for name in GUARDED_MODULES if name.startswith("autograder.")))
 _SKIPPED = {"environ", "__warningregistry__", "_onceregistry", "filters", "_filters_mutated_lock_held"}
 
 
@@ -179,6 +183,10 @@ class Pristine:
         import operator
         self.modules = {name: importlib.import_module(name) for name in GUARDED_MODULES}
         owners = list(self.modules.items()) + [(f"{m}.{c}", getattr(self.modules[m], c)) for m, c in GUARDED_CLASSES]
+        for name in CLASSES_OF:
+            module = importlib.import_module(name)
+            owners += [(f"{name}.{attr}", value) for attr, value in sorted(vars(module).items())
+                       if isinstance(value, type) and not attr.startswith("__")]
         owners += [("server", server), ("Server", type(server))]
         self.names = {label: (owner, dict(vars(owner))) for label, owner in owners}
         self.code = {(label, attr): (value, value.__code__) for label, (_, names) in self.names.items()
@@ -193,6 +201,8 @@ class Pristine:
         self._module_list = list(self.modules.items())
         # Importing torch._dynamo (the first optimizer does) wraps a few torch functions in this wrapper.
         self._dynamo_wrapper = self.modules["torch"]._disable_dynamo(lambda: None).__code__
+        # The first optimizer of a class wraps its class's step in this profiling hook.
+        self._step_hook = self.modules["torch.optim"].Optimizer.profile_hook_step(lambda: None).__code__
 
     def unchanged(self) -> bool:
         listed, mapped, ident = self._list, self._map, self._id
@@ -231,9 +241,17 @@ class Pristine:
         return changed
 
     def _torch_wrapped(self, current, original) -> bool:
-        """``current`` is torch._disable_dynamo's wrapper around exactly ``original``."""
-        return (getattr(current, "__code__", None) is self._dynamo_wrapper
+        """``current`` is torch's own wrapper (dynamo's or the step hook) around exactly ``original``."""
+        return (getattr(current, "__code__", None) in (self._dynamo_wrapper, self._step_hook)
                 and any(cell.cell_contents is original for cell in current.__closure__ or ()))
+
+    def probe(self, module: str, name: str):
+        """A probe as it was before any submitted code ran (only probes of the check modules)."""
+        owner, names = self.names.get(module, (None, {}))
+        probe = names.get(name)
+        if not (module.startswith("autograder.") and name.startswith("probe_") and isinstance(probe, types.FunctionType)):
+            raise LookupError(f"no probe {module}.{name}")
+        return probe
 
 
 _MISSING = object()
@@ -338,6 +356,24 @@ class Server:
             except BaseException as exc:     # noqa: BLE001
                 return {"raised": _describe(exc), "stdout": out.getvalue()[-4000:]}
         return {"value": None, "stdout": out.getvalue()[-4000:]}
+
+    def op_probe(self, module: str, name: str, blob: bytes) -> dict:
+        """Run a check's probe here, where the submission's objects live: it exercises them and
+        returns what it saw, as data; the check judges that in the grading process."""
+        probe = self.pristine.probe(module, name)
+        args, kwargs = self.unpickle(blob)
+        caught = []
+
+        def watched():       # catch_warnings swaps warnings' own functions: back before the comparison
+            with warnings.catch_warnings(record=True) as log:
+                warnings.simplefilter("always")
+                try:
+                    return probe(*args, **kwargs)
+                finally:
+                    caught.extend(log[:50])
+
+        result = self.submitted(watched)
+        return {"value": self.encode(result), "warnings": [str(w.message)[:2000] for w in caught]}
 
     def op_lookup(self, name: str) -> dict:
         if name not in self.namespace:

@@ -1,16 +1,17 @@
 """Checks for notebook 01: state_dict aliasing.
 
 ``state_dict()`` hands out references to live tensors, and
-``optimizer.load_state_dict(d)`` keeps using ``d``'s tensors. The checks train a
+``optimizer.load_state_dict(d)`` keeps using ``d``'s tensors. The probes train a
 small model, call the learner's ``snapshot_state`` / ``restore_state``, keep
-training, and observe whether the snapshot moved with it.
+training, and report what the snapshot and the model hold afterwards; the checks
+compare that with the same training run done on their own.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .checking import expect, graded_check, max_abs_diff, require_callable
+from .checking import expect, graded_check, max_abs_diff, observe, require_callable, type_name
 from .helpers import live_tensors, regression_data, serialized_copy, storage_pointer, tiny_mlp, train_step
 
 VARIANTS = ("adam", "sgd_momentum", "adam_batchnorm")
@@ -38,10 +39,55 @@ class _Run:
 
 
 def _part(snapshot, key: str):
-    expect(isinstance(snapshot, dict), f"snapshot_state should return a dict, but it returned {type(snapshot).__name__}.")
+    expect(isinstance(snapshot, dict), f"snapshot_state should return a dict, but it returned {type_name(snapshot)}.")
     expect(key in snapshot, f"the snapshot has no {key!r} entry (its keys are {sorted(map(str, snapshot))}).")
-    expect(isinstance(snapshot[key], dict), f"snapshot[{key!r}] should be a state dict, not {type(snapshot[key]).__name__}.")
+    expect(isinstance(snapshot[key], dict), f"snapshot[{key!r}] should be a state dict, not {type_name(snapshot[key])}.")
     return snapshot[key]
+
+
+def _shared_with(snapshot, live: dict[int, str]) -> list:
+    """Where the snapshot holds a tensor that shares storage with the live run: ["model", key] or [index, key]."""
+    found = []
+    if isinstance(snapshot, dict):
+        if isinstance(snapshot.get("model"), dict):
+            found += [["model", key] for key, value in snapshot["model"].items()
+                      if torch.is_tensor(value) and storage_pointer(value) in live]
+        if isinstance(snapshot.get("optimizer"), dict):
+            found += [list(where) for where, value in _optimizer_tensors(snapshot["optimizer"]).items()
+                      if storage_pointer(value) in live]
+    return found
+
+
+# ---- probes: run where the learner's functions live, return data ----------------------------------
+
+def probe_snapshot_after_training(snapshot_state, seed: int, variant: str, before: int, after: int) -> dict:
+    """Train ``before`` steps, take the learner's snapshot, train ``after`` more: what does it hold now?"""
+    run = _Run(seed, variant)
+    run.train(before)
+    snapshot = snapshot_state(run.model, run.optimizer)
+    run.train(after)
+    return {"snapshot": snapshot, "shared": _shared_with(snapshot, live_tensors(run.model, run.optimizer))}
+
+
+def probe_restore(restore_state, snapshot: dict, seed: int, variant: str) -> dict:
+    """Restore into a differently initialised run; its state then, and its model after one more step."""
+    target = _Run(seed, variant, init_seed=seed + 1)
+    restore_state(target.model, target.optimizer, snapshot)
+    restored = target.state()
+    target.train(1)
+    return {"restored": restored, "after_step": target.state()["model"]}
+
+
+def probe_restore_twice(restore_state, snapshot: dict, seed: int, variant: str) -> dict:
+    """Restore, train 3 steps, and again from the same snapshot: the snapshot after the first, both models."""
+    first = _Run(seed, variant, init_seed=seed + 1)
+    restore_state(first.model, first.optimizer, snapshot)
+    first.train(3)
+    snapshot_then = serialized_copy(snapshot)
+    second = _Run(seed, variant, init_seed=seed + 2)
+    restore_state(second.model, second.optimizer, snapshot)
+    second.train(3)
+    return {"snapshot": snapshot_then, "first": first.state()["model"], "second": second.state()["model"]}
 
 
 def _optimizer_tensors(optimizer_state: dict) -> dict[tuple, torch.Tensor]:
@@ -85,7 +131,7 @@ def check_snapshot_state(snapshot_state, seed: int = 0, variant: str = "adam") -
     run = _Run(seed, variant)
     run.train(3)
     expected = run.state()
-    snapshot = snapshot_state(run.model, run.optimizer)
+    snapshot = observe(probe_snapshot_after_training, snapshot_state, seed, variant, before=3, after=0)["snapshot"]
     fresh = _Run(seed, variant, init_seed=seed + 1000)
     for key, target in (("model", fresh.model), ("optimizer", fresh.optimizer)):
         part = _part(snapshot, key)
@@ -103,16 +149,16 @@ def check_snapshot_state_model(snapshot_state, seed: int = 0, variant: str = "ad
     run = _Run(seed, variant)
     run.train(2)
     expected = run.state()["model"]
-    model_state = _part(snapshot_state(run.model, run.optimizer), "model")
-    run.train(3)
-    live = live_tensors(run.model)
+    seen = observe(probe_snapshot_after_training, snapshot_state, seed, variant, before=2, after=3)
+    model_state = _part(seen["snapshot"], "model")
+    shared_keys = {key for where, key in seen["shared"] if where == "model"}
     for key, ref in expected.items():
         expect(key in model_state, f"snapshot['model'] lacks {key!r}: a model's state includes its buffers "
                                    f"(such as BatchNorm's running statistics), not only its parameters.")
         value = model_state[key]
-        expect(torch.is_tensor(value), f"snapshot['model'][{key!r}] is a {type(value).__name__}, not a tensor.")
+        expect(torch.is_tensor(value), f"snapshot['model'][{key!r}] is a {type_name(value)}, not a tensor.")
         if not torch.equal(value, ref):
-            shared = storage_pointer(value) in live
+            shared = key in shared_keys
             raise AssertionError(
                 f"After 3 more training steps, snapshot['model'][{key!r}] changed too "
                 f"(max |diff| {max_abs_diff(value, ref):.1e})"
@@ -127,16 +173,15 @@ def check_snapshot_state_optimizer(snapshot_state, seed: int = 0, variant: str =
     run = _Run(seed, variant)
     run.train(2)
     expected = _optimizer_tensors(run.state()["optimizer"])
-    optimizer_state = _part(snapshot_state(run.model, run.optimizer), "optimizer")
-    run.train(3)
-    got = _optimizer_tensors(optimizer_state)
-    live = live_tensors(run.model, run.optimizer)
+    seen = observe(probe_snapshot_after_training, snapshot_state, seed, variant, before=2, after=3)
+    got = _optimizer_tensors(_part(seen["snapshot"], "optimizer"))
+    shared_places = {tuple(where) for where in seen["shared"] if where[0] != "model"}
     for (index, key), ref in expected.items():
         expect((index, key) in got, f"snapshot['optimizer'] has no {key!r} for parameter {index}: "
                                     f"use the optimizer's own state_dict(), which holds its per-parameter state.")
         value = got[(index, key)]
         if not torch.equal(value, ref):
-            shared = storage_pointer(value) in live
+            shared = (index, key) in shared_places
             if key == "step":
                 raise AssertionError(
                     f"After 3 more training steps, the snapshot's step count for parameter {index} went from "
@@ -161,17 +206,14 @@ def check_restore_state(restore_state, seed: int = 0, variant: str = "adam") -> 
     require_callable(restore_state, "restore_state")
     snapshot = _trained_snapshot(seed, variant)
     expected = serialized_copy(snapshot)
-    target = _Run(seed, variant, init_seed=seed + 1)
-    restore_state(target.model, target.optimizer, snapshot)
-    _compare_model(target.model.state_dict(), expected["model"], "after restore_state, the model state")
-    expect(_optimizer_tensors(target.optimizer.state_dict()),
+    seen = observe(probe_restore, restore_state, snapshot, seed, variant)
+    restored = seen["restored"]
+    _compare_model(restored["model"], expected["model"], "after restore_state, the model state")
+    expect(_optimizer_tensors(restored["optimizer"]),
            "after restore_state the optimizer has no state at all (no momentum, no Adam moments or step "
            "count): only the model was restored, so the next update behaves like a fresh optimizer.")
-    _compare_optimizer(target.optimizer.state_dict(), expected["optimizer"],
-                       "after restore_state, the optimizer state")
-    before = serialized_copy(target.model.state_dict())
-    target.train(1)
-    moved = any(not torch.equal(before[k], v) for k, v in target.model.state_dict().items())
+    _compare_optimizer(restored["optimizer"], expected["optimizer"], "after restore_state, the optimizer state")
+    moved = any(not torch.equal(restored["model"][k], v) for k, v in seen["after_step"].items())
     expect(moved, "after restore_state, an optimizer step no longer changes the model: the optimizer updates "
                   "parameter tensors the model no longer uses. Loading with assign=True swaps in new parameter "
                   "objects behind the optimizer's back; load values into the existing parameters instead.")
@@ -180,12 +222,10 @@ def check_restore_state(restore_state, seed: int = 0, variant: str = "adam") -> 
 @graded_check("restoring twice from one snapshot gives identical runs")
 def check_restore_state_twice(restore_state, seed: int = 0, variant: str = "adam") -> None:
     require_callable(restore_state, "restore_state")
-    snapshot = _trained_snapshot(seed, variant)
-    untouched = serialized_copy(snapshot)
-
-    first = _Run(seed, variant, init_seed=seed + 1)
-    restore_state(first.model, first.optimizer, snapshot)
-    first.train(3)
+    given = _trained_snapshot(seed, variant)
+    untouched = serialized_copy(given)
+    seen = observe(probe_restore_twice, restore_state, given, seed, variant)
+    snapshot = seen["snapshot"]      # as the first restore and 3 steps of training left it
     for (index, key), ref in _optimizer_tensors(untouched["optimizer"]).items():
         value = _optimizer_tensors(snapshot["optimizer"])[(index, key)]
         expect(torch.equal(value, ref),
@@ -199,10 +239,7 @@ def check_restore_state_twice(restore_state, seed: int = 0, variant: str = "adam
                f"Training after restore_state changed the snapshot's model entry {key!r} "
                f"(max |diff| {max_abs_diff(value, ref):.1e}): the restored model shares its tensors.")
 
-    second = _Run(seed, variant, init_seed=seed + 2)
-    restore_state(second.model, second.optimizer, snapshot)
-    second.train(3)
-    for (name, a), b in zip(first.model.state_dict().items(), second.model.state_dict().values()):
+    for (name, a), b in zip(seen["first"].items(), seen["second"].values()):
         expect(torch.equal(a, b),
                f"Two restores from the same snapshot, each followed by 3 steps, ended with different "
                f"{name!r} (max |diff| {max_abs_diff(a, b):.1e}): the second restore did not start from "

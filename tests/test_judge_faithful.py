@@ -13,19 +13,22 @@ own process) are judged inside; the test below that drops one exception shows wh
 import inspect
 
 import pytest
+import torch
 
 import test_00_start_here as t00
+import test_01_state_dict_aliasing as t01
 import test_02_adam_resume as t02
 import test_05_atomic_writes as t05
 import test_06_data_ledger as t06
 import test_07_distributed_sampler as t07
 import test_08_commit_boundary as t08
-from autograder import adam_resume, atomic_writes, commit_boundary, data_ledger, distributed_sampler, start_here
+from autograder import (adam_resume, atomic_writes, commit_boundary, data_ledger, distributed_sampler, start_here,
+                        state_dict_aliasing)
 from autograder.judge import JUDGED_INSIDE, JUDGED_OUTSIDE, judged_outside
 from autograder.sandbox import Sandbox
 from check_outcomes import failure_of
 from fixtures import (adam_resume_impls, atomic_writes_impls, commit_boundary_impls, data_ledger_impls,
-                      distributed_sampler_impls, start_here_impls)
+                      distributed_sampler_impls, start_here_impls, state_dict_aliasing_impls)
 
 TIMING_CHECKS = {"check_audit_scale"}  # its message quotes measured times
 
@@ -33,6 +36,13 @@ TIMING_CHECKS = {"check_audit_scale"}  # its message quotes measured times
 def _cases_00():
     for impl in start_here_impls.CORRECT + list(start_here_impls.WRONG):
         yield impl, [(name, kwargs) for name in start_here_impls.CHECKS for kwargs in t00.ARGUMENTS[name]]
+
+
+def _cases_01():
+    impls = state_dict_aliasing_impls
+    for impl in impls.CORRECT_SNAPSHOTS + impls.CORRECT_RESTORES + list(impls.WRONG):
+        names = impls.SNAPSHOT_CHECKS if impl.__name__.startswith("snapshot") else impls.RESTORE_CHECKS
+        yield impl, [(name, kwargs) for name in names for kwargs in t01.ARGUMENTS]
 
 
 def _cases_02():
@@ -77,6 +87,7 @@ def _cases_08():
 
 
 SUITES = {"start_here": (start_here, start_here_impls, _cases_00),
+          "state_dict_aliasing": (state_dict_aliasing, state_dict_aliasing_impls, _cases_01),
           "adam_resume": (adam_resume, adam_resume_impls, _cases_02),
           "atomic_writes": (atomic_writes, atomic_writes_impls, _cases_05),
           "commit_boundary": (commit_boundary, commit_boundary_impls, _cases_08),
@@ -87,6 +98,15 @@ CASES = [(suite, impl, calls) for suite, (_, _, cases) in SUITES.items() for imp
 
 def test_every_module_judged_outside_is_covered_here():
     assert {f"autograder.{suite}" for suite in SUITES} == JUDGED_OUTSIDE
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """As in graded mode: the judge computes its references on one thread, like the sandbox."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +154,7 @@ def test_a_live_state_dict_is_invisible_from_outside(sandboxes):
 @pytest.mark.parametrize("source, outside", [
     ("from autograder.distributed_sampler import check_epoch_order_padding\ncheck_epoch_order_padding(f)", True),
     ("from autograder.data_ledger import check_audit\nimport autograder.start_here\ncheck_audit(audit)", True),
-    ("from autograder.state_dict_aliasing import check_snapshot_state\ncheck_snapshot_state(f)", False),
+    ("from autograder.state_dict_aliasing import check_snapshot_state\ncheck_snapshot_state(f)", True),
     ("from autograder.data_ledger import check_audit\nfrom autograder.worker_seeding import x\n", False),
     ("from autograder.atomic_writes import check_load_latest_checkpoint_newest\ncheck_load_latest_checkpoint_newest(f)", True),
     ("from autograder.atomic_writes import check_atomic_save_crash\ncheck_atomic_save_crash(atomic_save)", False),

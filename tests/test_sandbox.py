@@ -148,6 +148,30 @@ def test_patching_shared_code_is_undone_and_reported(sandbox):
     assert sandbox.raw_request("exec", "x = 1", "<clean>")["tampered"] == []
 
 
+def test_a_probe_runs_as_it_was_before_any_submitted_code(sandbox):
+    """A probe trains with Adam and the check module's own helpers: patching either is undone and reported."""
+    from autograder import state_dict_aliasing
+    from check_outcomes import failure_of
+    answer = sandbox.raw_request("exec", "import torch, autograder.state_dict_aliasing as m\n"
+                                         "torch.optim.Adam.step = lambda self, closure=None: None\n"
+                                         "m._Run.train = lambda self, steps: []\n"
+                                         "def snapshot(model, optimizer):\n"
+                                         "    return {'model': model.state_dict(), 'optimizer': optimizer.state_dict()}",
+                                 "<patch>")
+    assert set(answer["tampered"]) == {"torch.optim.Adam.step", "autograder.state_dict_aliasing._Run.train"}
+    sandbox.tampered.clear()
+    proxy = sandbox.request("lookup", "snapshot")
+    assert "changed too" in failure_of(state_dict_aliasing.check_snapshot_state_model, proxy)   # it trained
+    assert sandbox.tampered == []
+
+
+def test_only_probes_of_the_check_modules_run_as_probes(sandbox):
+    for module, name in (("autograder.sandbox_child", "zygote"), ("autograder.state_dict_aliasing", "_Run"),
+                         ("os", "system")):
+        with pytest.raises(LookupError):
+            sandbox.request("probe", module, name, sandbox.pickle(((), {})))
+
+
 def test_the_sandbox_sees_a_scrubbed_environment(sandbox):
     os.environ["WORKBOOK_SECRET_FOR_TEST"] = "hidden"
     box = Sandbox().start()
