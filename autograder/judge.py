@@ -36,16 +36,26 @@ from autograder.notebook_runner import (DEFAULT_CELL_TIMEOUT, exercise_of, failu
 from autograder.sandbox import Limits, Sandbox, SandboxDied
 
 # Check modules whose test cells run in the judge, calling into the sandbox ...
-JUDGED_OUTSIDE = {"autograder.start_here", "autograder.state_dict_aliasing", "autograder.adam_resume", "autograder.atomic_writes",
-                  "autograder.data_ledger", "autograder.distributed_sampler", "autograder.commit_boundary"}
-# ... except these checks: their trap shows only in the process that holds the objects. A state_dict
-# that is a live view of the ledger looks like a snapshot once copied out of the sandbox; a "checkpoint"
-# kept in memory is caught by overwriting the arrays it was given, and those stay in the sandbox. An
-# atomic_save is watched from inside its process (its fsyncs and renames) and SIGKILLed mid-write by a
-# parent that must be able to fork it; only notebook 05's loader checks work on files and data alone.
-JUDGED_INSIDE = {"check_ledger_state_dict", "check_resume_from_full_checkpoint", "check_resume_from_weights_only",
-                 "check_atomic_save_crash", "check_atomic_save_temp_location", "check_atomic_save_fsync_file",
-                 "check_atomic_save_fsync_directory", "check_atomic_save_cleanup"}
+JUDGED_OUTSIDE = {
+    "autograder.start_here",
+    "autograder.state_dict_aliasing",
+    "autograder.adam_resume",
+    "autograder.atomic_writes",
+    "autograder.data_ledger",
+    "autograder.distributed_sampler",
+    "autograder.commit_boundary",
+}
+# ... except these checks, still run inside the sandbox.
+JUDGED_INSIDE = {
+    "check_ledger_state_dict",
+    "check_resume_from_full_checkpoint",
+    "check_resume_from_weights_only",
+    "check_atomic_save_crash",
+    "check_atomic_save_temp_location",
+    "check_atomic_save_fsync_file",
+    "check_atomic_save_fsync_directory",
+    "check_atomic_save_cleanup",
+}
 
 
 @dataclasses.dataclass

@@ -1,0 +1,60 @@
+"""A check that probes the submission's objects is judged outside, and a probe cannot be forged by patching.
+
+Notebook 01's aliasing trap shows only where the model lives, so its check sends a probe into the
+sandbox. A submission that disables training while the probe runs (so its live view never moves)
+patches shared code: the judge puts it back and scores the test zero, naming what was changed.
+"""
+
+import nbformat
+
+from autograder.judge import judge_notebook
+
+LIVE_VIEW = '''
+def snapshot_state(model, optimizer):
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+'''
+
+# The same live view, hidden by making every later optimizer step a no-op while the probe runs.
+LIVE_VIEW_WITH_FROZEN_TRAINING = '''
+import torch
+
+def snapshot_state(model, optimizer):
+    torch.optim.Adam.step = lambda self, closure=None: None
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+'''
+
+COPY = '''
+import copy
+
+def snapshot_state(model, optimizer):
+    return copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+'''
+
+TEST = "from autograder.state_dict_aliasing import check_snapshot_state_model\ncheck_snapshot_state_model(snapshot_state)"
+
+
+def _judged(answer: str):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(answer, metadata={"nbgrader": {"solution": True, "grade": False,
+                                                                         "grade_id": "snapshot_state"}}),
+                nbformat.v4.new_code_cell(TEST, metadata={"nbgrader": {"solution": False, "grade": True, "points": 1,
+                                                                       "grade_id": "test_snapshot_state_model"}})]
+    (verdict,) = judge_notebook(nb, cell_seconds=60).verdicts
+    return verdict
+
+
+def test_a_correct_snapshot_passes_outside():
+    verdict = _judged(COPY)
+    assert verdict.passed and verdict.outside and verdict.stdout.startswith("✓")
+
+
+def test_a_live_view_fails_outside_naming_the_trap():
+    verdict = _judged(LIVE_VIEW)
+    assert not verdict.passed and verdict.outside
+    assert "shares storage with the live model's tensor" in verdict.message
+
+
+def test_freezing_training_during_the_probe_scores_zero_and_says_what_was_patched():
+    verdict = _judged(LIVE_VIEW_WITH_FROZEN_TRAINING)
+    assert not verdict.passed and verdict.error["ename"] == "SubmissionStopped"
+    assert "torch.optim.Adam.step" in verdict.error["evalue"]
