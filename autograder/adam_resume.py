@@ -18,7 +18,7 @@ import tempfile
 import numpy as np
 import torch
 
-from .checking import expect, graded_check, require_callable
+from .checking import expect, graded_check, observe, require_callable, type_name
 
 ULPS = 16  # a single Adam step: textbook and PyTorch forms differ by at most a few ulps
 
@@ -112,13 +112,13 @@ def _ulps(got: np.ndarray, ref: np.ndarray, scale: np.ndarray) -> float:
 def _as_weights(value, like: np.ndarray, what: str) -> np.ndarray:
     expect(value is not None, f"{what} returned None: it should return the weights as a NumPy array.")
     expect(isinstance(value, np.ndarray),
-           f"{what} returned a {type(value).__name__}; return the weights as a NumPy array.")
+           f"{what} returned a {type_name(value)}; return the weights as a NumPy array.")
     expect(value.shape == like.shape, f"{what} returned weights of shape {value.shape}, expected {like.shape}.")
     return value
 
 
 def _as_state(state, like: np.ndarray, what: str) -> dict:
-    expect(isinstance(state, dict), f"{what} should be a dict {{'m', 'v', 't'}}, not {type(state).__name__}.")
+    expect(isinstance(state, dict), f"{what} should be a dict {{'m', 'v', 't'}}, not {type_name(state)}.")
     missing = [k for k in ("m", "v", "t") if k not in state]
     expect(not missing, f"{what} has no {missing} entry (its keys are {sorted(map(str, state))}).")
     for key in ("m", "v"):
@@ -250,24 +250,34 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 9, **hp) -> N
            "Saving changed the weights or the Adam state it was given: save_checkpoint must only read them.")
 
 
-def _saved_checkpoint(save_checkpoint, folder: str, seed: int, k: int, hp: dict):
-    """Train k reference steps, save with the learner's code, then scribble over the live arrays."""
-    problem, w, state = _trained(seed, k, hp)
-    saved = (w.copy(), {key: np.copy(v) for key, v in state.items()})
-    path = os.path.join(folder, "adam.ckpt")
+def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, state: dict):
+    """Save ``w`` and ``state`` to ``path`` with the learner's code, overwrite those very arrays, then
+    resume from ``path`` with the learner's code: what the resume returns.
+
+    Runs where the learner's functions live: a "checkpoint" that only keeps references to the arrays
+    it was given sees the overwriting there, not in the copies the grader keeps."""
     save_checkpoint(path, w, state)
     # Training goes on in the same arrays after a save: a checkpoint that still points at them moves too.
     w[:] = 0.0
     state["m"][:] = 0.0
     state["v"][:] = 0.0
     state["t"] = -1
-    return problem, path, saved
+    return resume(path)
 
 
-def _resumed(resume, path: str, like: np.ndarray, what: str):
-    result = resume(path)
+def _saved_and_resumed(save_checkpoint, resume, seed: int, k: int, hp: dict, what: str):
+    """Train k reference steps, save and resume them with the learner's code (the probe above);
+    return the problem, what was saved, and the resumed (w, state)."""
+    problem, w, state = _trained(seed, k, hp)
+    saved = (w.copy(), {key: np.copy(v) for key, v in state.items()})
+    with tempfile.TemporaryDirectory() as folder:
+        result = observe(probe_resume_after_save, save_checkpoint, resume, os.path.join(folder, "adam.ckpt"), w, state)
+    return problem, saved, _resumed(result, problem.w0, what)
+
+
+def _resumed(result, like: np.ndarray, what: str):
     expect(isinstance(result, tuple) and len(result) == 2,
-           f"{what}(path) should return a pair (w, state), not {type(result).__name__}.")
+           f"{what}(path) should return a pair (w, state), not {type_name(result)}.")
     w, state = result
     return _as_weights(w, like, what), _as_state(state, like, f"the state returned by {what}")
 
@@ -285,9 +295,8 @@ def check_resume_from_full_checkpoint(resume_from_full_checkpoint, save_checkpoi
     require_callable(resume_from_full_checkpoint, "resume_from_full_checkpoint")
     require_callable(save_checkpoint, "save_checkpoint")
     hp = hyper(lr=lr, **hp)
-    with tempfile.TemporaryDirectory() as folder:
-        problem, path, (w_saved, s_saved) = _saved_checkpoint(save_checkpoint, folder, seed, k, hp)
-        w, state = _resumed(resume_from_full_checkpoint, path, problem.w0, "resume_from_full_checkpoint")
+    problem, (w_saved, s_saved), (w, state) = _saved_and_resumed(save_checkpoint, resume_from_full_checkpoint,
+                                                                 seed, k, hp, "resume_from_full_checkpoint")
     stale = "It matches what the arrays held after the save: the checkpoint was not really on disk."
     expect(int(state["t"]) == k,
            f"The resumed state has t = {state['t']}, but {k} steps were taken before the save. "
@@ -316,9 +325,8 @@ def check_resume_from_weights_only(resume_from_weights_only, save_checkpoint, se
     require_callable(resume_from_weights_only, "resume_from_weights_only")
     require_callable(save_checkpoint, "save_checkpoint")
     hp = hyper(lr=lr, **hp)
-    with tempfile.TemporaryDirectory() as folder:
-        problem, path, (w_saved, s_saved) = _saved_checkpoint(save_checkpoint, folder, seed, k, hp)
-        w, state = _resumed(resume_from_weights_only, path, problem.w0, "resume_from_weights_only")
+    problem, (w_saved, _), (w, state) = _saved_and_resumed(save_checkpoint, resume_from_weights_only,
+                                                           seed, k, hp, "resume_from_weights_only")
     if not np.array_equal(w, w_saved):
         raise AssertionError(f"The weights-only resume did not give back the saved weights ({_differs(w, w_saved)})"
                              + (": they look like what the arrays held after the save, so the checkpoint "

@@ -5,10 +5,15 @@ until the last byte lands, the only checkpoint on the load path is a partial
 file. The crash trials fork a child (after torch is imported, so it starts in
 milliseconds), let it save, and SIGKILL it when the directory shows that a given
 share of the checkpoint's bytes has been written; then they try to load what is
-left under the final name. The other checks watch the learner's ``atomic_save``
-from outside: ``os.fsync`` / ``os.fdatasync`` / ``os.replace`` / ``os.rename`` are
-wrapped for the duration of one call (the check owns the process), recording
-what was synced, how many bytes it held at that moment, and the order of events.
+left under the final name. The other checks watch one call of the learner's
+``atomic_save``: ``os.fsync`` / ``os.fdatasync`` / ``os.replace`` / ``os.rename`` are
+wrapped for the duration of that call, recording what was synced, how many bytes it
+held at that moment, and the order of events.
+
+The forking, killing and recording happen in probes, where the learner's code lives
+(in graded mode, the sandbox); they report how each writer ended, or the recorded
+events. The checks make the scratch folders and the checkpoints themselves, then
+read, load and judge what is on disk from outside.
 
 Conventions the notebook states: checkpoints end in ``.pt``; a writer's temp file
 ends in ``.tmp`` and lives next to its checkpoint.
@@ -34,7 +39,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from .checking import expect, graded_check, require_callable
+from .checking import expect, graded_check, observe, require_callable
 
 CHECKPOINT_SUFFIX = ".pt"
 TEMP_SUFFIX = ".tmp"
@@ -163,6 +168,12 @@ def run_and_kill(save, obj, path, kill_at_bytes: int | None, timeout: float = 20
             return "timeout"
 
 
+def probe_killed_saves(save, obj, kills: list) -> list[str]:
+    """For each (path, kill_at_bytes): how a forked ``save(obj, path)`` ended, SIGKILLed once
+    ``kill_at_bytes`` were on disk (see run_and_kill). What it left on disk is the check's to read."""
+    return [run_and_kill(save, obj, path, kill_at_bytes) for path, kill_at_bytes in kills]
+
+
 def crash_trials(save, trials: int = 10, seed: int = 0, layers: int = 16, workdir=None,
                  progress=None) -> list[dict]:
     """Run ``trials`` crash trials of ``save``; each replaces an old checkpoint by a new one.
@@ -170,6 +181,9 @@ def crash_trials(save, trials: int = 10, seed: int = 0, layers: int = 16, workdi
     Trial i kills the writer when (i + 0.5) / trials of the new file's bytes are on
     disk, so the kills are spread over the whole write. Returns one record per
     trial: the kill point, how the child ended and what the final name then held.
+    Only the writers run (and are killed) where ``save`` lives, all in one probe: the
+    trial folders are made, and the files left in them loaded, here. ``progress(done,
+    total, record)``, if given, sees each record as it is made.
     """
     if not hasattr(os, "fork"):
         raise RuntimeError("crash trials need os.fork and SIGKILL (Linux or macOS)")
@@ -180,17 +194,18 @@ def crash_trials(save, trials: int = 10, seed: int = 0, layers: int = 16, workdi
         for label, ckpt in (("old", old), ("new", new)):
             torch.save(ckpt, os.path.join(root, f"{label}.pt"))
             known[label] = Path(root, f"{label}.pt").read_bytes()
-        full_size = len(known["new"])
-        records = []
-        for i in range(trials):
-            directory = os.path.join(root, f"trial{i:02d}")
-            os.mkdir(directory)
-            path = os.path.join(directory, "checkpoint.pt")
+        fractions = [(i + 0.5) / trials for i in range(trials)]
+        kills = []
+        for i, fraction in enumerate(fractions):
+            path = os.path.join(root, f"trial{i:02d}", "checkpoint.pt")
+            os.mkdir(os.path.dirname(path))
             shutil.copyfile(os.path.join(root, "old.pt"), path)  # the good checkpoint the save replaces
-            fraction = (i + 0.5) / trials
-            ended = run_and_kill(save, new, path, kill_at_bytes=int(fraction * full_size))
+            kills.append((path, int(fraction * len(known["new"]))))
+        endings = observe(probe_killed_saves, save, new, kills)
+        records = []
+        for i, ((path, _), fraction, ended) in enumerate(zip(kills, fractions, endings)):
             outcome, detail = classify(path, old, new, known)
-            leftovers = sorted(n for n in os.listdir(directory) if n != "checkpoint.pt")
+            leftovers = sorted(n for n in os.listdir(os.path.dirname(path)) if n != "checkpoint.pt")
             records.append({"fraction": fraction, "ended": ended, "outcome": outcome, "detail": detail,
                             "leftovers": leftovers})
             if progress:
@@ -274,9 +289,17 @@ def _scratch_directory():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _call_save(atomic_save, obj, path) -> None:
-    try:
+def probe_save(atomic_save, obj, path) -> list[dict]:
+    """The file operations one call ``atomic_save(obj, path)`` made (see recorded_file_operations)."""
+    with recorded_file_operations() as events:
         atomic_save(obj, path)
+    return events
+
+
+def _call_save(atomic_save, obj, path) -> list[dict]:
+    """Call atomic_save(obj, path) where it lives; the file operations it made."""
+    try:
+        return observe(probe_save, atomic_save, obj, path)
     except NotImplementedError:
         raise  # an unanswered exercise: the grader reports it as "not answered yet"
     except Exception as exc:
@@ -290,8 +313,7 @@ def _watched_save(atomic_save, seed: int, layers: int):
         path = os.path.join(directory, "model.pt")
         torch.save(make_checkpoint(1, layers, seed=seed), path)
         new = make_checkpoint(2, layers, seed=seed)
-        with recorded_file_operations() as events:
-            _call_save(atomic_save, new, path)
+        events = _call_save(atomic_save, new, path)
         outcome, detail = classify(path, None, new)
         expect(outcome == "new", f"After atomic_save(obj, path) returned, path did not hold obj ({outcome}"
                                  f"{': ' + detail if detail else ''}).")
@@ -396,6 +418,24 @@ class _FailsToSerialize:
         raise RuntimeError("this object cannot be serialized (raised on purpose by the check)")
 
 
+def probe_failing_save(atomic_save, obj, path, tempdir) -> str | None:
+    """Call atomic_save on ``obj`` plus a value torch.save fails on: the type of what it raised, or None.
+
+    tempfile's default folder is ``tempdir`` meanwhile, so that a temp file made with
+    tempfile's defaults lands where the check looks. The failing value is added here:
+    in graded mode it could not even be pickled into the sandbox.
+    """
+    saved_tempdir = tempfile.tempdir
+    tempfile.tempdir = tempdir
+    try:
+        atomic_save(dict(obj, extra=_FailsToSerialize()), path)
+    except Exception as exc:
+        return type(exc).__name__
+    finally:
+        tempfile.tempdir = saved_tempdir
+    return None
+
+
 @graded_check("atomic_save: an error while saving leaves the old checkpoint and no temp file")
 def check_atomic_save_cleanup(atomic_save, seed: int = 0, layers: int = 2) -> None:
     require_callable(atomic_save, "atomic_save")
@@ -408,16 +448,7 @@ def check_atomic_save_cleanup(atomic_save, seed: int = 0, layers: int = 2) -> No
         outcome, detail = classify(path, old, None)
         expect(outcome == "old", f"atomic_save(obj, path) returned, but path did not hold obj ({outcome}"
                                  f"{': ' + detail if detail else ''}).")
-        bad = dict(make_checkpoint(2, layers, seed=seed), extra=_FailsToSerialize())
-        saved_tempdir = tempfile.tempdir
-        tempfile.tempdir = private_tmp  # so a temp file made with tempfile's defaults is visible here
-        raised = None
-        try:
-            atomic_save(bad, path)
-        except Exception as exc:
-            raised = exc
-        finally:
-            tempfile.tempdir = saved_tempdir
+        raised = observe(probe_failing_save, atomic_save, make_checkpoint(2, layers, seed=seed), path, private_tmp)
         outcome, detail = classify(path, old, None)
         expect(outcome == "old",
                f"After torch.save failed inside atomic_save, path was {outcome} ({detail or 'it changed'}): the "

@@ -2,12 +2,12 @@
 
 The notebook provides the training setup (``make_trainer``, ``train_steps``) from
 here, so the checks and the learner run the very same code. A check trains one
-trainer for N steps without a break; trains another for k steps and saves it with
-the learner's ``save_checkpoint``; then, in a forked child process whose RNGs are
-scrambled, builds a trainer with another seed, calls the learner's
-``load_checkpoint`` and trains N - k steps. Every component is compared right
-after loading and step by step afterwards, so a failure names the component that
-diverged first.
+trainer for N steps without a break. Its probes, run where the learner's functions
+live, train another for k steps and save it with the learner's ``save_checkpoint``;
+then, in a forked child process, build a trainer with another seed, move its RNGs
+elsewhere, call the learner's ``load_checkpoint`` and train N - k steps, and report
+what they saw. Every component is compared right after loading and step by step
+afterwards, so a failure names the component that diverged first.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checking import expect, graded_check, require_callable
+from .checking import expect, graded_check, observe, require_callable
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -200,9 +200,13 @@ def preserved_rngs():
         random.setstate(states[2])
 
 
-def scramble_rngs() -> None:
-    """Put every global RNG somewhere unpredictable, as in a process that just started."""
-    entropy = int.from_bytes(os.urandom(8), "little")
+def scramble_rngs(entropy: int | None = None) -> None:
+    """Put every global RNG somewhere unpredictable, as in a process that just started.
+
+    ``entropy`` fixes where (the same place every time); without it the OS picks.
+    """
+    if entropy is None:
+        entropy = int.from_bytes(os.urandom(8), "little")
     torch.manual_seed(entropy)
     np.random.seed(entropy % 2 ** 32)
     random.seed(entropy)
@@ -282,6 +286,36 @@ def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0):
     return outcome["ok"]
 
 
+# ---- probes: run where the learner's functions live, return data ------------------------------
+
+def probe_save(save_checkpoint, path: str, seed: int, k: int, after: int) -> dict:
+    """Train ``k`` steps, save with the learner's save_checkpoint to ``path``, train ``after`` more:
+    the type of what it returned (None for None), and the records of those later steps."""
+    with preserved_rngs():   # the learner's own RNGs stay where they were
+        trainer = make_trainer(seed)
+        train_steps(trainer, k)
+        returned = save_checkpoint(path, trainer)
+        return {"returned": None if returned is None else type(returned).__name__,
+                "after_save": train_steps(trainer, after)}
+
+
+def probe_resume(load_checkpoint, path: str, seed: int, steps: int, timeout: float) -> tuple:
+    """In a fresh process, load ``path`` with the learner's load_checkpoint into a trainer built with
+    another seed, and train ``steps`` steps: its snapshot right after loading, the steps' records, and
+    its snapshot after them. Errors there come back as RuntimeError."""
+    def resume():
+        trainer = make_trainer(seed + 1000)
+        # Away from any state of the run, but the same place every time: a resume that fails to restore
+        # an RNG then reads the same on every run, in the judge as in the learner's kernel.
+        scramble_rngs(entropy=seed + 2000)
+        load_checkpoint(path, trainer)
+        at_load = snapshot(trainer)
+        records = train_steps(trainer, steps)
+        return at_load, records, snapshot(trainer)
+
+    return run_in_fresh_process(resume, timeout)
+
+
 # ---- the resume experiment and its diagnosis -------------------------------------------------
 
 @dataclasses.dataclass
@@ -302,7 +336,8 @@ _RECENT_EXPERIMENTS: dict[tuple, object] = {}  # the four load checks share one 
 def resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: int = 8, n: int = 14) -> ResumeExperiment:
     """run_resume_experiment, remembered for the last few (save, load, arguments).
 
-    The key holds the function objects themselves, so a redefined answer is run afresh.
+    The key holds the function objects themselves, so a redefined answer is run afresh (in graded
+    mode they are the proxies a test cell looked up: each test cell runs its own).
     """
     key = (save_checkpoint, load_checkpoint, seed, k, n)
     if key not in _RECENT_EXPERIMENTS:
@@ -321,7 +356,10 @@ def resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: int = 
 
 def run_resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: int = 8, n: int = 14,
                           timeout: float = 20.0) -> ResumeExperiment:
-    """Continuous n steps vs k steps, save, load into a fresh trainer in a fresh process, n - k steps."""
+    """Continuous n steps vs k steps, save, load into a fresh trainer in a fresh process, n - k steps.
+
+    The uninterrupted run is computed here; the learner's save and load run in probes.
+    """
     with preserved_rngs(), tempfile.TemporaryDirectory() as folder:
         continuous = make_trainer(seed)
         train_steps(continuous, k)
@@ -329,28 +367,16 @@ def run_resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: in
         expected = train_steps(continuous, n - k)
         final = snapshot(continuous)
 
-        interrupted = make_trainer(seed)
-        train_steps(interrupted, k)
         written = os.path.join(folder, "written", "checkpoint.pt")
         os.makedirs(os.path.dirname(written))
-        save_checkpoint(written, interrupted)
+        observe(probe_save, save_checkpoint, written, seed, k, after=0)
         expect(os.path.isfile(written), "save_checkpoint(path, trainer) wrote no file at `path`.")
         # The resume reads the file from another place: only what is on disk can get through.
         path = os.path.join(folder, "moved", "resume_from.pt")
         os.makedirs(os.path.dirname(path))
         os.replace(written, path)
-        del interrupted
-
-        def resume():
-            trainer = make_trainer(seed + 1000)
-            scramble_rngs()
-            load_checkpoint(path, trainer)
-            at_load = snapshot(trainer)
-            records = train_steps(trainer, n - k)
-            return at_load, records, snapshot(trainer)
-
         try:
-            at_load, resumed, resumed_final = run_in_fresh_process(resume, timeout)
+            at_load, resumed, resumed_final = observe(probe_resume, load_checkpoint, path, seed, n - k, timeout)
         except RuntimeError as exc:
             raise AssertionError(f"Loading the checkpoint into a fresh trainer in a fresh process failed: "
                                  f"{exc}") from None
@@ -463,13 +489,12 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 8) -> None:
         train_steps(reference, k)
         expected = train_steps(reference, 3)
 
-        trainer = make_trainer(seed)
-        train_steps(trainer, k)
         path = os.path.join(folder, "checkpoint.pt")
-        result = save_checkpoint(path, trainer)
-        after_save = train_steps(trainer, 3)
-        expect(result is None, f"save_checkpoint returned a {type(result).__name__}; it should write the "
-                               f"checkpoint to `path` and return None.")
+        seen = observe(probe_save, save_checkpoint, path, seed, k, after=3)
+        expect(seen["returned"] is None, f"save_checkpoint returned a {seen['returned']}; it should write the "
+                                         f"checkpoint to `path` and return None.")
+        # The check reads the folder and the file itself (in graded mode the folder lies in the sandbox's
+        # own): the safe torch.load below is the one the learner's code could not have changed.
         expect(os.path.isfile(path), f"save_checkpoint(path, trainer) wrote no file at `path` "
                                      f"(the folder holds {sorted(os.listdir(folder))}).")
         try:
@@ -487,7 +512,7 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 8) -> None:
                 f"{hint}. Never turn the safe default off to read your own checkpoints.") from None
         leftovers = sorted(name for name in os.listdir(folder) if name != "checkpoint.pt")
         expect(not leftovers, f"save_checkpoint left other files next to the checkpoint: {leftovers}.")
-        for a, b in zip(after_save, expected):
+        for a, b in zip(seen["after_save"], expected):
             expect(a == b, f"Saving changed the run: step {b['step']} after the save differs from a run that did "
                            f"not save ({_record_difference(a, b)}). Reading state for a checkpoint must not "
                            f"draw random numbers or touch the loader's iterator.")

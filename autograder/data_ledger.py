@@ -15,7 +15,7 @@ import random
 import time
 import tracemalloc
 
-from .checking import expect, graded_check, require_callable
+from .checking import expect, graded_check, observe, require_callable
 from .helpers import serialized_copy
 
 # The worked example: 8 ranks x microbatch 2 x 4 accumulation steps = 64 samples per update.
@@ -157,6 +157,33 @@ def check_ledger_resume(Ledger, config=WORKED_EXAMPLE, updates: int = WORKED_UPD
            + "Where do the model's weights say training stopped?")
 
 
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def probe_state_saved_later(ledger, config, more: int) -> dict:
+    """Take ``ledger.state_dict()``, train ``more`` updates, then save the state (a torch.save/load round
+    trip): the saved copy, or what stopped it (the state's type if not a dict, an error as text).
+
+    Runs where the ledger lives: a state_dict() that is a live view of the ledger has moved by the time
+    it is saved, which a copy taken out of the sandbox at once would hide."""
+    try:
+        state = ledger.state_dict()
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        return {"state_dict raised": _error(exc)}
+    if not isinstance(state, dict):
+        return {"not a dict": type(state).__name__}
+    _train(ledger, config, more)
+    try:
+        return {"saved": serialized_copy(state)}
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        return {"saving raised": _error(exc)}
+
+
 @graded_check("state_dict / load_state_dict resume from the committed cursor")
 def check_ledger_state_dict(Ledger, config=WORKED_EXAMPLE, updates: int = 5,
                             partial: int = CRASH_MICROBATCHES) -> None:
@@ -166,23 +193,16 @@ def check_ledger_state_dict(Ledger, config=WORKED_EXAMPLE, updates: int = 5,
     ledger = _new_ledger(Ledger, config)
     _train(ledger, config, updates, partial=partial)
     committed = _counter(ledger, "committed")
-    try:
-        state = ledger.state_dict()
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"ledger.state_dict() raised {type(exc).__name__}: {exc}") from None
-    expect(isinstance(state, dict), f"state_dict() should return a dict, not {type(state).__name__}.")
     # Training goes on while the checkpoint is written: the saved state must not move with it.
-    _train(ledger, config, 2)
+    seen = observe(probe_state_saved_later, ledger, config, more=2)
+    if "state_dict raised" in seen:
+        raise AssertionError(f"ledger.state_dict() raised {seen['state_dict raised']}")
+    expect("not a dict" not in seen, f"state_dict() should return a dict, not {seen.get('not a dict')}.")
     moved_to = _counter(ledger, "committed")
-    try:
-        saved = serialized_copy(state)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
+    if "saving raised" in seen:
         raise AssertionError(f"the ledger's state_dict() does not survive torch.save/torch.load(weights_only=True) "
-                             f"({type(exc).__name__}: {exc}); keep it to plain numbers, strings and dicts.") from None
+                             f"({seen['saving raised']}); keep it to plain numbers, strings and dicts.")
+    saved = seen["saved"]
     resumed = _new_ledger(Ledger, config)
     try:
         resumed.load_state_dict(saved)

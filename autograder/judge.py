@@ -7,15 +7,15 @@ restored from the instructor's source, hidden tests included) and:
    directory, limits), in order. A cell that hangs or ends the process is skipped: the
    sandbox is started again and the cells before it are replayed, so one bad cell costs
    only what depends on it;
-2. runs each test cell. For the check modules in ``JUDGED_OUTSIDE`` the test cell runs
-   here, in the grading process, and the submission's names are proxies: every call goes
-   into the sandbox and only data comes back (``autograder.wire``), so nothing the
-   submission does there (patching ``torch.equal``, replacing ``autograder`` modules,
-   overriding builtins, printing a fake pass line) can touch the check or its reference.
-   The other checks look at objects that cannot leave the process that made them (live
-   tensors aliasing a model, DataLoader workers, a process killed mid-write), so their test
-   cells run inside the sandbox: still confined and limited, but a submission written to
-   fool the check from inside could. The README's threat model says which notebooks are which.
+2. runs each test cell that calls the check modules in ``JUDGED_OUTSIDE`` here, in the
+   grading process. The submission's names are proxies: every call goes into the sandbox
+   and only data comes back (``autograder.wire``), so nothing the submission does there
+   (patching ``torch.equal``, replacing ``autograder`` modules, overriding builtins, printing
+   a fake pass line) can touch the check or its reference. Traps that show only where the
+   objects live (live tensors aliasing a model, DataLoader workers, a process killed
+   mid-write) are observed by a check's probe, run in the sandbox as it was before any
+   submitted code (``autograder.checking.observe``); the verdict is still reached here.
+   A test cell that calls no check module (a plain ``assert``) runs in the sandbox.
 """
 
 from __future__ import annotations
@@ -35,26 +35,17 @@ from autograder.notebook_runner import (DEFAULT_CELL_TIMEOUT, exercise_of, failu
                                         is_test_cell, nbgrader_meta)
 from autograder.sandbox import Limits, Sandbox, SandboxDied
 
-# Check modules whose test cells run in the judge, calling into the sandbox ...
+# Check modules whose test cells run in the judge, calling into the sandbox (all of them).
 JUDGED_OUTSIDE = {
     "autograder.start_here",
     "autograder.state_dict_aliasing",
     "autograder.adam_resume",
+    "autograder.complete_checkpoint",
+    "autograder.worker_seeding",
     "autograder.atomic_writes",
     "autograder.data_ledger",
     "autograder.distributed_sampler",
     "autograder.commit_boundary",
-}
-# ... except these checks, still run inside the sandbox.
-JUDGED_INSIDE = {
-    "check_ledger_state_dict",
-    "check_resume_from_full_checkpoint",
-    "check_resume_from_weights_only",
-    "check_atomic_save_crash",
-    "check_atomic_save_temp_location",
-    "check_atomic_save_fsync_file",
-    "check_atomic_save_fsync_directory",
-    "check_atomic_save_cleanup",
 }
 
 
@@ -84,7 +75,7 @@ class Judgement:
 
 
 def judged_outside(source: str) -> bool:
-    """Judged outside: every autograder module the cell imports is in JUDGED_OUTSIDE, and no check in JUDGED_INSIDE."""
+    """Judged outside: the cell imports autograder modules, all of them in JUDGED_OUTSIDE."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -92,8 +83,7 @@ def judged_outside(source: str) -> bool:
     modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     modules |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     ours = {m for m in modules if m.split(".")[0] == "autograder"}
-    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
-    return bool(ours) and ours <= JUDGED_OUTSIDE and not names & JUDGED_INSIDE
+    return bool(ours) and ours <= JUDGED_OUTSIDE
 
 
 class SubmissionNames(dict):

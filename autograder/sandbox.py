@@ -89,9 +89,6 @@ class RemoteObject:
     def __setattr__(self, name: str, value) -> None:
         self._sandbox.request("setattr", self._ref, name, self._sandbox.pickle(value))
 
-    def __call__(self, *args, **kwargs):
-        return self._sandbox.call(self._ref, args, kwargs)
-
     def __len__(self) -> int:
         return self._sandbox.request("builtin", self._ref, "len")
 
@@ -109,6 +106,13 @@ class RemoteObject:
 
     def _remote_type_name(self) -> str:
         return self._type_name
+
+
+class RemoteCallable(RemoteObject):
+    """A proxy for a callable object: only these answer ``callable()`` as the object itself would."""
+
+    def __call__(self, *args, **kwargs):
+        return self._sandbox.call(self._ref, args, kwargs)
 
 
 class Sandbox:
@@ -246,7 +250,11 @@ class Sandbox:
         return self.decode(answer["value"])
 
     def decode(self, data):
-        return wire.decode(data, lambda ref: RemoteObject(self, int(ref["$ref"]), str(ref.get("type", "object"))))
+        def proxy(ref: dict) -> RemoteObject:
+            kind = RemoteCallable if ref.get("callable") is True else RemoteObject
+            return kind(self, int(ref["$ref"]), str(ref.get("type", "object")))
+
+        return wire.decode(data, proxy)
 
     def _receive(self, deadline: float) -> dict:
         header = self._read(8, deadline)

@@ -283,7 +283,7 @@ class Server:
     def reference(self, obj) -> dict:
         key = len(self.handles) + 1
         self.handles[key] = obj
-        return {"$ref": key, "type": type(obj).__qualname__[:100]}
+        return {"$ref": key, "type": type(obj).__qualname__[:100], "callable": callable(obj)}
 
     def encode(self, value):
         from autograder import wire

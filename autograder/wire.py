@@ -32,7 +32,7 @@ def encode(value: Any, reference: Callable[[Any], dict]) -> Any:
         if type(v) is float:
             return v if math.isfinite(v) else {"$float": repr(v)}
         if isinstance(v, (np.generic, np.ndarray)) and np.asarray(v).dtype.kind in "biufc":
-            array = np.ascontiguousarray(v)
+            array = np.ascontiguousarray(v).reshape(np.shape(v))   # ascontiguousarray makes a scalar 1-d
             return {"$ndarray": {"dtype": array.dtype.str, "shape": list(array.shape), "scalar": isinstance(v, np.generic),
                                  "data": base64.b64encode(array.tobytes()).decode()}}
         if isinstance(v, torch.Tensor) and type(v) in (torch.Tensor, torch.nn.Parameter) and v.layout == torch.strided:

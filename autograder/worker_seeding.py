@@ -8,6 +8,11 @@ checks run the learner's code in real worker processes (num_workers >= 2), read
 back which worker drew which values, and compare the streams across workers,
 across epochs and across two loaders built with the same seed.
 
+Graded mode. The workers must be forked where the learner's ``seed_worker`` and
+``LazyNoisyDataset`` live, so the loader runs in a probe (``probe_worker_streams``):
+in the sandbox it returns the rows each worker drew, as tensors, and the check
+judges them in the grading process. In the learner's kernel the probes run right there.
+
 Start method. Workers are forked where the OS offers ``fork`` (Linux, macOS): it
 is fast, and a worker sees functions and classes defined in notebook cells. Under
 ``spawn`` (Windows; or forced with WORKBOOK_WORKER_START=spawn) a worker is a new
@@ -31,7 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from .checking import expect, graded_check, require_callable
+from .checking import expect, graded_check, observe, require_callable
 
 # ---------------------------------------------------------------------------------------------
 # Start method
@@ -334,16 +339,40 @@ def portable(obj):
 
 
 # ---------------------------------------------------------------------------------------------
+# Probes: they run where the learner's code lives (the sandbox, in graded mode) and return data
+
+def probe_worker_streams(dataset, worker_init_fn, seed: int, num_workers: int, epochs: int = 1) -> dict:
+    """Run ``worker_streams`` on ``dataset``: {"streams": per epoch, {worker id: the rows it drew}},
+    or {"worker_error": the error a worker raised}, as data (a ``WorkerFailed`` would not travel as one)."""
+    try:
+        return {"streams": worker_streams(dataset, worker_init_fn, seed=seed, num_workers=num_workers,
+                                          epochs=epochs)}
+    except WorkerFailed as exc:
+        return {"worker_error": str(exc)}
+
+
+def probe_first_item(dataset, seed: int):
+    """``dataset[0]``, read in this process (no worker), as a learner looks at a sample before training.
+
+    The global torch seed is ``seed`` for that read (and put back after): a dataset that seeds from
+    ``torch.initial_seed()`` there then draws the same values in the kernel and in the sandbox.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return dataset[0]
+
+
+# ---------------------------------------------------------------------------------------------
 # Checks
 
 COLUMNS = ("torch.Generator", "NumPy default_rng")
 
 
 def _streams(dataset, worker_init_fn, what: str, **kwargs):
-    try:
-        return worker_streams(dataset, worker_init_fn, **kwargs)
-    except WorkerFailed as exc:
-        raise AssertionError(f"{what} raised an error inside a DataLoader worker: {exc}") from None
+    seen = observe(probe_worker_streams, dataset, worker_init_fn, **kwargs)
+    if "worker_error" in seen:
+        raise AssertionError(f"{what} raised an error inside a DataLoader worker: {seen['worker_error']}")
+    return seen["streams"]
 
 
 def _shape_ok(streams, what: str) -> None:
@@ -490,7 +519,7 @@ def check_LazyNoisyDataset_reproducible(LazyNoisyDataset, seed: int = 0, num_wor
 def check_LazyNoisyDataset_peek(LazyNoisyDataset, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
     dataset = _lazy_dataset(LazyNoisyDataset, size)
     try:
-        sample = dataset[0]  # what everyone does before training: look at one item, in the main process
+        sample = observe(probe_first_item, dataset, seed)  # a look at one item, in the main process
     except NotImplementedError:
         raise
     except Exception as exc:

@@ -69,6 +69,16 @@ def test_resume_at_fetched_count_is_named_with_the_48_skipped_positions():
     assert "skips 48 positions" in failure_of(checks.check_ledger_resume, impls.LedgerResumesAtFetched)
 
 
+@pytest.mark.parametrize("implementation, named", [
+    (impls.LedgerLiveStateDict, "it is a live view of the ledger, not a snapshot"),
+    (impls.LedgerNumpyCursors, "does not survive torch.save/torch.load(weights_only=True) (UnpicklingError"),
+    (impls.LedgerStateDictAsJson, "state_dict() should return a dict, not str."),
+    (impls.LedgerStateDictTypo, "ledger.state_dict() raised AttributeError"),
+], ids=lambda value: getattr(value, "__name__", None))
+def test_each_state_dict_trap_is_named(implementation, named):
+    assert named in failure_of(checks.check_ledger_state_dict, implementation)
+
+
 def test_per_sample_audit_is_named_by_its_memory_per_position():
     assert "bytes per position" in failure_of(checks.check_audit_scale, impls.audit_per_sample_sets)
 

@@ -5,12 +5,13 @@ and wrong) is defined inside a real sandbox, and each check runs here on the pro
 the notebook's visible and hidden arguments. The pass/fail verdict and the failure
 message must equal those of the same check run in this process on the real function:
 the proxy (data in, data out, changes to arguments copied back) changes nothing a check
-can see. Checks that would see a difference (``judge.JUDGED_INSIDE``: a live view copied
-out of the sandbox becomes a snapshot; an ``atomic_save`` must be watched and killed in its
-own process) are judged inside; the test below that drops one exception shows why.
+can see. A check whose trap shows only where the objects live (a live view copied out of
+the sandbox becomes a snapshot; an ``atomic_save`` is watched and killed in its own process)
+sends a probe there instead, as the live state_dict test below shows.
 """
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -18,19 +19,32 @@ import torch
 import test_00_start_here as t00
 import test_01_state_dict_aliasing as t01
 import test_02_adam_resume as t02
+import test_03_complete_checkpoint as t03
+import test_04_worker_generators as t04
 import test_05_atomic_writes as t05
 import test_06_data_ledger as t06
 import test_07_distributed_sampler as t07
 import test_08_commit_boundary as t08
-from autograder import (adam_resume, atomic_writes, commit_boundary, data_ledger, distributed_sampler, start_here,
-                        state_dict_aliasing)
-from autograder.judge import JUDGED_INSIDE, JUDGED_OUTSIDE, judged_outside
+from autograder import (adam_resume, atomic_writes, commit_boundary, complete_checkpoint, data_ledger,
+                        distributed_sampler, start_here, state_dict_aliasing, worker_seeding)
+from autograder.judge import JUDGED_OUTSIDE, judged_outside
 from autograder.sandbox import Sandbox
 from check_outcomes import failure_of
-from fixtures import (adam_resume_impls, atomic_writes_impls, commit_boundary_impls, data_ledger_impls,
-                      distributed_sampler_impls, start_here_impls, state_dict_aliasing_impls)
+from fixtures import (adam_resume_impls, atomic_writes_impls, commit_boundary_impls, complete_checkpoint_impls,
+                      data_ledger_impls, distributed_sampler_impls, start_here_impls, state_dict_aliasing_impls,
+                      worker_seeding_impls)
 
-TIMING_CHECKS = {"check_audit_scale"}  # its message quotes measured times
+# Their messages quote what differs from run to run: measured times; draws seeded from process ids; which
+# crash trials' writers a SIGKILL caught before they finished (the killer races the writer).
+TIMING_CHECKS = {"check_audit_scale", "check_seed_worker_reproducible", "check_LazyNoisyDataset_reproducible",
+                 "check_atomic_save_crash"}
+# Their messages quote folders and file names that tempfile made up: compared without them.
+TEMP_NAME_CHECKS = {"check_atomic_save_temp_location", "check_atomic_save_cleanup"}
+
+
+def _without_temp_names(message):
+    """The message with its paths and tempfile's names ("tmp" and 8 random characters) blanked out."""
+    return message and re.sub(r"/\S*|\S*tmp[a-z0-9_]{8}\S*", "<name>", message)
 
 
 def _cases_00():
@@ -55,15 +69,38 @@ def _cases_02():
     for impl in sorted(saves, key=lambda f: f.__name__):
         yield impl, [("check_save_checkpoint", {k: v for k, v in kwargs.items() if k != "n"})
                      for kwargs in t02.CHECKPOINT_ARGUMENTS]
+    # A resume reads what its own save wrote: each resume, with every save it comes with in a triple.
+    triples = impls.CORRECT_FORMATS + list(impls.WRONG_FORMATS)
+    for position, name in ((1, "check_resume_from_full_checkpoint"), (2, "check_resume_from_weights_only")):
+        for impl in dict.fromkeys(triple[position] for triple in triples):
+            saves = dict.fromkeys(triple[0] for triple in triples if triple[position] is impl)
+            yield impl, [(name, dict(kwargs, save_checkpoint=save))
+                         for save in saves for kwargs in t02.CHECKPOINT_ARGUMENTS]
+
+
+def _cases_03():
+    impls = complete_checkpoint_impls
+    pairs = impls.CORRECT_PAIRS + list(impls.WRONG)
+    for impl in dict.fromkeys(save for save, _ in pairs):
+        yield impl, [("check_save_checkpoint", {k: v for k, v in kwargs.items() if k != "n"})
+                     for kwargs in t03.ARGUMENTS]
+    # A load reads what its own save wrote: each load, with every save it comes with in a pair.
+    for impl in dict.fromkeys(load for _, load in pairs):
+        yield impl, [(name, dict(kwargs, save_checkpoint=save)) for save, load in pairs if load is impl
+                     for kwargs in t03.ARGUMENTS for name in impls.LOAD_CHECKS]
+
+
+def _cases_04():
+    impls = worker_seeding_impls
+    for impl in impls.CORRECT_SEED_WORKERS + impls.CORRECT_LAZY_DATASETS + list(impls.WRONG):
+        yield impl, [(name, kwargs) for name in t04._names_for(impl) for kwargs in t04.ARGUMENTS.values()]
 
 
 def _cases_05():
-    # Only the loader: atomic_save's checks are all judged inside (see judge.JUDGED_INSIDE).
     impls = atomic_writes_impls
-    for impl in impls.CORRECT_LOADERS + [w for w in impls.WRONG if w.__name__.startswith("load")]:
-        yield impl, [(name, t05.LOAD_ARGUMENTS["hidden_newest" if name.endswith("newest") and which == "hidden"
-                                               else which])
-                     for name in impls.LOAD_LATEST_CHECKS for which in ("visible", "hidden")]
+    for impl in impls.CORRECT_ATOMIC_SAVES + impls.CORRECT_LOADERS + list(impls.WRONG):
+        yield impl, [(name, t05._arguments_for(name, which)) for name in t05._names_for(impl)
+                     for which in ("visible", "hidden")]
 
 
 def _cases_06():
@@ -89,6 +126,8 @@ def _cases_08():
 SUITES = {"start_here": (start_here, start_here_impls, _cases_00),
           "state_dict_aliasing": (state_dict_aliasing, state_dict_aliasing_impls, _cases_01),
           "adam_resume": (adam_resume, adam_resume_impls, _cases_02),
+          "complete_checkpoint": (complete_checkpoint, complete_checkpoint_impls, _cases_03),
+          "worker_seeding": (worker_seeding, worker_seeding_impls, _cases_04),
           "atomic_writes": (atomic_writes, atomic_writes_impls, _cases_05),
           "commit_boundary": (commit_boundary, commit_boundary_impls, _cases_08),
           "data_ledger": (data_ledger, data_ledger_impls, _cases_06),
@@ -126,39 +165,48 @@ def _sandbox_for(suite, sandboxes):
     return sandboxes[suite]
 
 
+def _proxies_for(kwargs, sandbox):
+    """The arguments for the proxy run: another fixture implementation a check takes (the save_checkpoint of
+    a resume check) is the sandbox's too."""
+    return {key: sandbox.request("lookup", value.__name__) if getattr(value, "__module__", "").startswith("fixtures.")
+            else value for key, value in kwargs.items()}
+
+
 @pytest.mark.parametrize("suite, impl, calls", CASES, ids=[f"{s}-{i.__name__}" for s, i, _ in CASES])
 def test_the_proxy_gets_the_verdict_the_kernel_gets(suite, impl, calls, sandboxes):
     checks, _, _ = SUITES[suite]
     sandbox = _sandbox_for(suite, sandboxes)
     proxy = sandbox.request("lookup", impl.__name__)
     for name, kwargs in calls:
-        if name in JUDGED_INSIDE:
-            continue
         check = getattr(checks, name)
         here = failure_of(check, impl, **kwargs)
         with sandbox.judge_files_here():
-            there = failure_of(check, proxy, **kwargs)
+            there = failure_of(check, proxy, **_proxies_for(kwargs, sandbox))
         if name in TIMING_CHECKS:
             assert (here is None) == (there is None), (name, kwargs, here, there)
+        elif name in TEMP_NAME_CHECKS:
+            assert _without_temp_names(here) == _without_temp_names(there), (name, kwargs)
         else:
             assert here == there, (name, kwargs)
 
 
-def test_a_live_state_dict_is_invisible_from_outside(sandboxes):
-    """Why check_ledger_state_dict stays inside: its trap is caught here, not through the proxy."""
+def test_a_live_state_dict_is_caught_through_the_proxy(sandboxes):
+    """A live view copied out of the sandbox would look like a snapshot: the probe saves it there, after training."""
     proxy = _sandbox_for("data_ledger", sandboxes).request("lookup", "LedgerLiveStateDict")
-    assert "live view" in failure_of(data_ledger.check_ledger_state_dict, data_ledger_impls.LedgerLiveStateDict)
-    assert failure_of(data_ledger.check_ledger_state_dict, proxy) is None
+    here = failure_of(data_ledger.check_ledger_state_dict, data_ledger_impls.LedgerLiveStateDict)
+    assert "it is a live view of the ledger, not a snapshot" in here
+    assert failure_of(data_ledger.check_ledger_state_dict, proxy) == here
 
 
 @pytest.mark.parametrize("source, outside", [
     ("from autograder.distributed_sampler import check_epoch_order_padding\ncheck_epoch_order_padding(f)", True),
     ("from autograder.data_ledger import check_audit\nimport autograder.start_here\ncheck_audit(audit)", True),
     ("from autograder.state_dict_aliasing import check_snapshot_state\ncheck_snapshot_state(f)", True),
-    ("from autograder.data_ledger import check_audit\nfrom autograder.worker_seeding import x\n", False),
+    ("from autograder.data_ledger import check_audit\nfrom autograder.helpers import tiny_mlp\n", False),
+    ("from autograder.worker_seeding import check_LazyNoisyDataset_peek\ncheck_LazyNoisyDataset_peek(LazyNoisyDataset)", True),
     ("from autograder.atomic_writes import check_load_latest_checkpoint_newest\ncheck_load_latest_checkpoint_newest(f)", True),
-    ("from autograder.atomic_writes import check_atomic_save_crash\ncheck_atomic_save_crash(atomic_save)", False),
-    ("from autograder.data_ledger import check_ledger_state_dict\ncheck_ledger_state_dict(Ledger)", False),
+    ("from autograder.atomic_writes import check_atomic_save_crash\ncheck_atomic_save_crash(atomic_save)", True),
+    ("from autograder.data_ledger import check_ledger_state_dict\ncheck_ledger_state_dict(Ledger)", True),
     ("assert add(1, 2) == 3", False),           # no check module: the cell runs in the sandbox
     ("this is not python", False),
 ])

@@ -50,6 +50,7 @@ def test_values_come_back_as_data_and_objects_as_proxies(sandbox):
     result = f(np.ones(2), state)
     assert np.array_equal(result["w"], [2.0, 2.0]) and result["spans"] == [range(0, 4)]
     assert torch.equal(result["t"], torch.arange(3)) and isinstance(result["f"], RemoteObject)
+    assert callable(result["f"]) and not callable(sandbox.request("lookup", "np"))   # as the objects are
     assert state["t"] == 1 and np.array_equal(state["m"], [1.0, 1.0])   # changed in place, as in a kernel
 
 
@@ -63,6 +64,13 @@ def test_paths_come_back_as_paths_and_warnings_as_warnings(sandbox):
     assert [str(w.message) for w in caught] == ["skipped a.pt"]
     with pytest.raises(ValueError):
         wire.decode({"$path": ["not", "text"]}, lambda ref: None)
+
+
+def test_numpy_scalars_and_zero_d_arrays_keep_their_shape():
+    for value in (np.int64(7), np.float32(0.5), np.array(3.0), np.zeros((2, 0))):
+        back = wire.decode(wire.encode(value, lambda obj: None), lambda ref: None)
+        assert type(back) is type(value) and np.shape(back) == np.shape(value) and back.dtype == value.dtype
+    assert f"{wire.decode(wire.encode(np.int64(7), None), None):d}" == "7"     # formats like the number it is
 
 
 def test_the_wire_refuses_anything_but_data():
