@@ -337,7 +337,7 @@ def resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: int = 
     """run_resume_experiment, remembered for the last few (save, load, arguments).
 
     The key holds the function objects themselves, so a redefined answer is run afresh (in graded
-    mode they are the proxies a test cell looked up: each test cell runs its own).
+    mode, the proxies the judge keeps from one test cell to the next until a program cell runs).
     """
     key = (save_checkpoint, load_checkpoint, seed, k, n)
     if key not in _RECENT_EXPERIMENTS:

@@ -126,6 +126,10 @@ class Judge:
         self.stopped: dict[str, str] = {}            # answer cell grade_id -> why it was stopped
         self.failed_answers: dict[str, str] = {}     # answer cell grade_id -> the error it raised
         self.answer_names = {nbgrader_meta(c).get("grade_id", "") for c in nb.cells if is_answer_cell(c)}
+        # The submission's names as test cells see them, kept from one test cell to the next as a kernel
+        # keeps them (so a check's cache keyed on the learner's functions works as it does there); a
+        # program cell may redefine any name, and a new sandbox holds new objects: both start afresh.
+        self.names: SubmissionNames | None = None
 
     def run(self) -> Judgement:
         started = time.perf_counter()
@@ -170,6 +174,7 @@ class Judge:
             self.sandbox = None
 
     def _program_cell(self, index: int, source: str) -> None:
+        self.names = None
         sandbox = self._ensure_sandbox()
         try:
             answer = sandbox.raw_request("exec", source, f"<cell {index}>")
@@ -237,7 +242,9 @@ class Judge:
             # Warnings are ignored, as in the learner's kernel, unless a check records them.
             with contextlib.redirect_stdout(out), sandbox.judge_files_here(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                exec(compile(source, f"<test {grade_id}>", "exec"), namespace, SubmissionNames(sandbox))
+                if self.names is None or self.names.sandbox is not sandbox:
+                    self.names = SubmissionNames(sandbox)
+                exec(compile(source, f"<test {grade_id}>", "exec"), namespace, self.names)
         except SandboxDied:
             raise
         except Exception as exc:

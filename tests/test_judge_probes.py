@@ -5,9 +5,14 @@ sandbox. A submission that disables training while the probe runs (so its live v
 patches shared code: the judge puts it back and scores the test zero, naming what was changed.
 """
 
+from pathlib import Path
+
 import nbformat
 
+from autograder import complete_checkpoint
 from autograder.judge import judge_notebook
+
+SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 
 LIVE_VIEW = '''
 def snapshot_state(model, optimizer):
@@ -58,3 +63,15 @@ def test_freezing_training_during_the_probe_scores_zero_and_says_what_was_patche
     verdict = _judged(LIVE_VIEW_WITH_FROZEN_TRAINING)
     assert not verdict.passed and verdict.error["ename"] == "SubmissionStopped"
     assert "torch.optim.Adam.step" in verdict.error["evalue"]
+
+
+def test_consecutive_test_cells_share_the_submissions_names_as_in_a_kernel(monkeypatch):
+    """Notebook 03's four load checks share one resume experiment per argument set, in graded mode too."""
+    runs = []
+    real = complete_checkpoint.run_resume_experiment
+    monkeypatch.setattr(complete_checkpoint, "run_resume_experiment", lambda *a, **k: runs.append(a[2:]) or real(*a, **k))
+    complete_checkpoint._RECENT_EXPERIMENTS.clear()
+    nb = nbformat.read(SOLUTIONS / "03_complete_checkpoint" / "03_complete_checkpoint.ipynb", as_version=4)
+    verdicts = judge_notebook(nb, cell_seconds=120).verdicts
+    assert [v.grade_id for v in verdicts if not (v.passed and v.outside)] == []
+    assert len(runs) == len(set(runs)) > 0      # each argument set once, not once per test cell
