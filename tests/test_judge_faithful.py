@@ -10,6 +10,7 @@ the sandbox becomes a snapshot; an ``atomic_save`` is watched and killed in its 
 sends a probe there instead, as the live state_dict test below shows.
 """
 
+import functools
 import inspect
 import re
 
@@ -165,10 +166,17 @@ def _sandbox_for(suite, sandboxes):
     return sandboxes[suite]
 
 
+@functools.cache
+def _proxy(sandbox, name):
+    """One proxy per fixture and sandbox, as the judge keeps one across consecutive test cells (so notebook
+    03's checks share a resume experiment per save, load and argument set, as they do in a kernel)."""
+    return sandbox.request("lookup", name)
+
+
 def _proxies_for(kwargs, sandbox):
     """The arguments for the proxy run: another fixture implementation a check takes (the save_checkpoint of
     a resume check) is the sandbox's too."""
-    return {key: sandbox.request("lookup", value.__name__) if getattr(value, "__module__", "").startswith("fixtures.")
+    return {key: _proxy(sandbox, value.__name__) if getattr(value, "__module__", "").startswith("fixtures.")
             else value for key, value in kwargs.items()}
 
 
@@ -176,7 +184,7 @@ def _proxies_for(kwargs, sandbox):
 def test_the_proxy_gets_the_verdict_the_kernel_gets(suite, impl, calls, sandboxes):
     checks, _, _ = SUITES[suite]
     sandbox = _sandbox_for(suite, sandboxes)
-    proxy = sandbox.request("lookup", impl.__name__)
+    proxy = _proxy(sandbox, impl.__name__)
     for name, kwargs in calls:
         check = getattr(checks, name)
         here = failure_of(check, impl, **kwargs)
