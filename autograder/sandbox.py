@@ -230,23 +230,23 @@ class Sandbox:
     def call(self, ref: int, args: tuple, kwargs: dict):
         """Call a sandbox object; arguments it changed in place (dicts, lists, arrays, tensors) change here too."""
         answer = self.raw_request("call", ref, self.pickle((args, kwargs)))
-        if "raised" in answer:
-            raise _learner_exception(answer["raised"]) from None
-        for key, encoded in answer.get("changed", []):
-            target = args[key] if isinstance(key, int) else kwargs[key]
-            _update_in_place(target, self.decode(encoded))
-        for message in answer.get("warnings", []):
-            warnings.warn(str(message), UserWarning, stacklevel=2)   # as if the call had warned here
-        return self.decode(answer["value"])
+        if "raised" not in answer:
+            for key, encoded in answer.get("changed", []):
+                target = args[key] if isinstance(key, int) else kwargs[key]
+                _update_in_place(target, self.decode(encoded))
+        return self._returned(answer)
 
     def probe(self, probe, args: tuple, kwargs: dict):
         """Run a check module's ``probe_...`` function in the sandbox on these arguments; return what it
         returned, as data. The sandbox runs its own copy of the probe, as it was before any submitted code."""
-        answer = self.raw_request("probe", probe.__module__, probe.__name__, self.pickle((args, kwargs)))
+        return self._returned(self.raw_request("probe", probe.__module__, probe.__name__, self.pickle((args, kwargs))))
+
+    def _returned(self, answer: dict):
+        """What a call or a probe returned; the learner's exception raised, and its warnings given, here."""
         if "raised" in answer:
             raise _learner_exception(answer["raised"]) from None
         for message in answer.get("warnings", []):
-            warnings.warn(str(message), UserWarning, stacklevel=2)
+            warnings.warn(str(message), UserWarning, stacklevel=3)   # as if the call had warned here
         return self.decode(answer["value"])
 
     def decode(self, data):

@@ -247,8 +247,7 @@ class Pristine:
 
     def probe(self, module: str, name: str):
         """A probe as it was before any submitted code ran (only probes of the check modules)."""
-        owner, names = self.names.get(module, (None, {}))
-        probe = names.get(name)
+        probe = self.names.get(module, (None, {}))[1].get(name)
         if not (module.startswith("autograder.") and name.startswith("probe_") and isinstance(probe, types.FunctionType)):
             raise LookupError(f"no probe {module}.{name}")
         return probe
@@ -362,18 +361,10 @@ class Server:
         returns what it saw, as data; the check judges that in the grading process."""
         probe = self.pristine.probe(module, name)
         args, kwargs = self.unpickle(blob)
-        caught = []
-
-        def watched():       # catch_warnings swaps warnings' own functions: back before the comparison
-            with warnings.catch_warnings(record=True) as log:
-                warnings.simplefilter("always")
-                try:
-                    return probe(*args, **kwargs)
-                finally:
-                    caught.extend(log[:50])
-
-        result = self.submitted(watched)
-        return {"value": self.encode(result), "warnings": [str(w.message)[:2000] for w in caught]}
+        # Warnings are recorded inside `submitted`: catch_warnings swaps warnings' own functions, and they
+        # must be back before the comparison with the pristine state.
+        result, given = self.submitted(lambda: _recording_warnings(lambda: probe(*args, **kwargs)))
+        return {"value": self.encode(result), "warnings": given}
 
     def op_lookup(self, name: str) -> dict:
         if name not in self.namespace:
@@ -396,17 +387,22 @@ class Server:
         mutable = [(key, value) for key, value in list(enumerate(args)) + list(kwargs.items())
                    if _is_mutable_data(value)]
         before = {key: json.dumps(self.encode(value)) for key, value in mutable}
-        # Warnings the call gives travel back as text: a check may ask for one ("skipped with a warning").
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = self.handles[ref](*args, **kwargs)
+        result, given = _recording_warnings(lambda: self.handles[ref](*args, **kwargs))
         changed = []
         for key, value in mutable:
             after = self.encode(value)
             if json.dumps(after) != before[key]:
                 changed.append([key, after])
-        return {"value": self.encode(result), "changed": changed,
-                "warnings": [str(w.message)[:2000] for w in caught[:50]]}
+        return {"value": self.encode(result), "changed": changed, "warnings": given}
+
+
+def _recording_warnings(run) -> tuple:
+    """``run()``'s result and the warnings it gave, as text: they travel back and are given again in the
+    judge, since a check may ask for one ("skipped with a warning")."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run()
+    return result, [str(w.message)[:2000] for w in caught[:50]]
 
 
 def _is_mutable_data(value) -> bool:
