@@ -43,6 +43,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from .helpers import regression_data
+from .rank_server import start_rank_server
 
 MICRO_BATCH = 2
 LEARNING_RATE = 0.3
@@ -192,14 +193,6 @@ def _last_line(traceback_text: str) -> str:
     return line.split(". This is")[0][:160]
 
 
-def _start_method() -> str:
-    if sys.platform == "win32":
-        return "spawn"
-    # A no-op once the server runs; the first launch pays for importing torch there, once.
-    mp.get_context("forkserver").set_forkserver_preload([__name__])
-    return "forkserver"
-
-
 def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
     """Run one job of ``job.world_size`` processes to the end, or until a rank dies.
 
@@ -210,7 +203,7 @@ def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
     # port first and binding it later can race with any other process doing the same (a Jupyter kernel).
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     job = dataclasses.replace(job, port=store.port)
-    method = _start_method()
+    method = start_rank_server()   # the first launch waits for its import, if it is still on
     say(f"launching {job.world_size} ranks (gloo on 127.0.0.1:{job.port}, {method})"
         + (f", resuming at global position {job.start_cursor}" if job.resume else ""))
     started = time.perf_counter()

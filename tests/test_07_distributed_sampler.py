@@ -2,13 +2,16 @@
 implementations, the sampler facts the notebook teaches, and the real gloo demo."""
 
 import signal
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 from torch.utils.data.distributed import DistributedSampler
 
 from autograder import distributed_sampler as checks
-from autograder import gloo_demo
+from autograder import gloo_demo, rank_server
 from check_outcomes import failing_checks, failure_of
 from fixtures import distributed_sampler_impls as impls
 
@@ -165,6 +168,17 @@ def test_gloo_demo_survives_a_sigkill_and_resumes_on_fewer_ranks_without_replay_
     assert sorted(real) == list(range(n))                     # zero replay, zero omission
     assert len(positions) - n == -(n - cursor) % 3            # padding: exactly what 3 ranks need
     assert len(second.checkpoint["loss_history"]) == 2 + -(-len(shards[0]) // gloo_demo.MICRO_BATCH)
+
+
+def test_the_rank_server_starts_before_torch_is_imported_and_preloads_the_rank_module():
+    # Notebook 07 starts it first thing so that its import of torch overlaps the kernel's.
+    assert rank_server.RANK_MODULE == gloo_demo.__name__
+    code = ("import sys\nfrom autograder.rank_server import start_rank_server\n"
+            "print(start_rank_server(), 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["forkserver", "False"]
 
 
 def test_an_exception_in_the_answer_names_the_inputs_that_caused_it():
