@@ -279,3 +279,19 @@ for pid in [p for p in os.listdir('/proc') if p.isdigit()]:
         pytest.skip("no zygote on this platform")
     assert sandbox.request("lookup", "found"), "the attack did not even find the zygote: it tests nothing"
     assert sandbox.request("lookup", "reached") == []
+
+
+def test_sandboxes_forked_once_the_zygote_idled_have_torch_dynamo_imported_already(sandbox):
+    # torch.optim imports torch._dynamo on an optimizer's first step (1.3 s). The zygote imports it once,
+    # while no request waits, so that every later sandbox of a class grading skips it.
+    from autograder import sandbox_zygote
+    if not sandbox_zygote.available():
+        pytest.skip("no zygote on this platform")
+    deadline = time.monotonic() + 60
+    while True:
+        with Sandbox(cell_seconds=20) as box:
+            assert run(box, "import sys\nwarm = 'torch._dynamo' in sys.modules") is None
+            if box.request("lookup", "warm") is True:
+                break
+        assert time.monotonic() < deadline, "no sandbox found torch._dynamo imported within a minute"
+        time.sleep(0.5)
