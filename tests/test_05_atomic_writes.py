@@ -126,3 +126,15 @@ def test_doing_nothing_passes_no_check():
 
     assert failing_checks(checks, impls.ATOMIC_SAVE_CHECKS, do_nothing) == set(impls.ATOMIC_SAVE_CHECKS)
     assert failing_checks(checks, impls.LOAD_LATEST_CHECKS, do_nothing) == set(impls.LOAD_LATEST_CHECKS)
+
+
+def test_each_checkpoint_made_is_its_own_copy():
+    # make_checkpoint draws each checkpoint's tensors once per process and hands out copies: a save that
+    # changes what it is given must not change the checkpoint the next check compares against.
+    first = checks.make_checkpoint(2, layers=2, layer_kib=4, seed=9)
+    first["model"]["layer0.weight"].zero_()
+    second = checks.make_checkpoint(2, layers=2, layer_kib=4, seed=9)
+    assert second["model"]["layer0.weight"].abs().sum() > 0
+    assert not checks.same_checkpoint(first, second)
+    assert checks.same_checkpoint(second, checks.make_checkpoint(2, layers=2, layer_kib=4, seed=9))
+    assert not checks.same_checkpoint(second, checks.make_checkpoint(3, layers=2, layer_kib=4, seed=9))
