@@ -181,6 +181,25 @@ def test_the_rank_server_starts_before_torch_is_imported_and_preloads_the_rank_m
     assert run.stdout.split() == ["forkserver", "False"]
 
 
+def test_a_kernel_that_started_the_rank_server_shuts_down_by_itself():
+    # ipykernel waits at shutdown until its children are gone; multiprocessing's resource tracker
+    # ignores SIGTERM, so without rank_server's hook the kernel was SIGTERMed by its manager 2.5 s later.
+    from jupyter_client.manager import start_new_kernel
+
+    from autograder.notebook_runner import KERNEL_EXTRA_ARGUMENTS
+    manager, client = start_new_kernel(kernel_name="python3", extra_arguments=KERNEL_EXTRA_ARGUMENTS,
+                                       cwd=str(Path(__file__).resolve().parents[1]))
+    try:
+        reply = client.execute_interactive("from autograder.rank_server import start_rank_server\n"
+                                           "start_rank_server()\nimport torch", timeout=60)
+        assert reply["content"]["status"] == "ok"
+        kernel = manager.provisioner.process
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+    assert kernel.returncode == 0, f"the kernel was stopped by signal {-kernel.returncode}"
+
+
 def test_an_exception_in_the_answer_names_the_inputs_that_caused_it():
     def crashes_when_nothing_remains(n, seed, epoch, old_world_size, committed, new_world_size, drop_last=False):
         if committed >= n:
