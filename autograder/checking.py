@@ -80,6 +80,35 @@ def observe(probe: Callable, *args, **kwargs):
     return remote[0]._sandbox.probe(probe, args, kwargs)
 
 
+class Remembered:
+    """The last few outcomes of an experiment that several checks read, by key.
+
+    A failed experiment is kept as the AssertionError it raised, raised again for every check that
+    reads it. Keys hold the answers themselves, so a redefined answer runs afresh (in graded mode,
+    the proxies the judge keeps from one test cell to the next until a program cell runs).
+    """
+
+    def __init__(self, keep: int):
+        self.keep, self._outcomes = keep, {}
+
+    def __call__(self, key: tuple, run: Callable[[], Any]):
+        if key not in self._outcomes:
+            try:
+                outcome = run()
+            except AssertionError as failure:
+                outcome = failure
+            self._outcomes[key] = outcome
+            while len(self._outcomes) > self.keep:
+                del self._outcomes[next(iter(self._outcomes))]
+        outcome = self._outcomes[key]
+        if isinstance(outcome, AssertionError):
+            raise AssertionError(str(outcome))
+        return outcome
+
+    def clear(self) -> None:
+        self._outcomes.clear()
+
+
 def max_abs_diff(a, b) -> float:
     """Largest absolute difference between two same-shaped tensors, as a float."""
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0

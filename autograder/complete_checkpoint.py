@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checking import expect, graded_check, observe, require_callable
+from .checking import Remembered, expect, graded_check, observe, require_callable
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -330,28 +330,13 @@ class ResumeExperiment:
     n: int
 
 
-_RECENT_EXPERIMENTS: dict[tuple, object] = {}  # the four load checks share one experiment per argument set
+_RECENT_EXPERIMENTS = Remembered(keep=4)  # the four load checks share one experiment per argument set
 
 
 def resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: int = 8, n: int = 14) -> ResumeExperiment:
-    """run_resume_experiment, remembered for the last few (save, load, arguments).
-
-    The key holds the function objects themselves, so a redefined answer is run afresh (in graded
-    mode, the proxies the judge keeps from one test cell to the next until a program cell runs).
-    """
-    key = (save_checkpoint, load_checkpoint, seed, k, n)
-    if key not in _RECENT_EXPERIMENTS:
-        try:
-            outcome = run_resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)
-        except AssertionError as failure:
-            outcome = failure
-        _RECENT_EXPERIMENTS[key] = outcome
-        while len(_RECENT_EXPERIMENTS) > 4:
-            del _RECENT_EXPERIMENTS[next(iter(_RECENT_EXPERIMENTS))]
-    outcome = _RECENT_EXPERIMENTS[key]
-    if isinstance(outcome, AssertionError):
-        raise AssertionError(str(outcome))
-    return outcome
+    """run_resume_experiment, remembered for the last few (save, load, arguments)."""
+    return _RECENT_EXPERIMENTS((save_checkpoint, load_checkpoint, seed, k, n),
+                               lambda: run_resume_experiment(save_checkpoint, load_checkpoint, seed, k, n))
 
 
 def run_resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: int = 8, n: int = 14,

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from .checking import expect, graded_check, observe, require_callable
+from .checking import Remembered, expect, graded_check, observe, require_callable
 
 # ---------------------------------------------------------------------------------------------
 # Start method
@@ -375,7 +375,7 @@ def _streams(dataset, worker_init_fn, what: str, **kwargs):
     return seen["streams"]
 
 
-_RECENT_RUNS: dict[tuple, object] = {}  # an exercise's three checks share its loader runs per argument set
+_RECENT_RUNS = Remembered(keep=8)  # an exercise's three checks share its loader runs per argument set
 
 
 def _shared_streams(answer, make_dataset, worker_init_fn, what: str, seed: int, num_workers: int,
@@ -383,24 +383,11 @@ def _shared_streams(answer, make_dataset, worker_init_fn, what: str, seed: int, 
     """``_streams`` of a new dataset, remembered for the last few (answer, arguments, epochs).
 
     The workers, epochs and reproducible checks of an exercise read the same two runs (one epoch,
-    two epochs) instead of five: each worker start is a fork, 10-20 ms with torch loaded. The key
-    holds the answer itself, so a redefined answer runs afresh (in graded mode, the proxies the
-    judge keeps from one test cell to the next until a program cell runs), as in notebook 03.
+    two epochs) instead of five: each worker start is a fork, 10-20 ms with torch loaded.
     """
-    key = (answer, what, seed, num_workers, size, epochs)
-    if key not in _RECENT_RUNS:
-        try:
-            outcome = _streams(make_dataset(), worker_init_fn, what, seed=seed, num_workers=num_workers,
-                               epochs=epochs)
-        except AssertionError as failure:
-            outcome = failure
-        _RECENT_RUNS[key] = outcome
-        while len(_RECENT_RUNS) > 8:
-            del _RECENT_RUNS[next(iter(_RECENT_RUNS))]
-    outcome = _RECENT_RUNS[key]
-    if isinstance(outcome, AssertionError):
-        raise AssertionError(str(outcome))
-    return outcome
+    return _RECENT_RUNS((answer, what, seed, num_workers, size, epochs),
+                        lambda: _streams(make_dataset(), worker_init_fn, what, seed=seed,
+                                         num_workers=num_workers, epochs=epochs))
 
 
 def _seed_worker_streams(seed_worker, seed: int, num_workers: int, size: int, epochs: int):
