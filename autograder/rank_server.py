@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
-from multiprocessing import resource_tracker
 
 RANK_MODULE = "autograder.gloo_demo"   # where the ranks' entry point lives
 
@@ -49,7 +48,7 @@ def _stop_with_the_kernel() -> None:
 def _stop_servers(change) -> None:
     if not change["new"]:
         return
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker   # POSIX only, like this hook
 
     # Both come back by themselves if something asks for them again (ensure_running).
     for server in (forkserver._forkserver, resource_tracker._resource_tracker):

@@ -447,11 +447,12 @@ def zygote(control_fd: int) -> None:
     control = socket.socket(fileno=control_fd)
     watch = selectors.DefaultSelector()
     watch.register(control, selectors.EVENT_READ)
-    warm_up = [_import_dynamo]                  # done once, when no request is waiting
+    dynamo_imported = False
     while True:
-        ready = watch.select(timeout=0 if warm_up else None)
-        if not ready and warm_up:
-            warm_up.pop()()
+        ready = watch.select(timeout=None if dynamo_imported else 0)
+        if not ready:                             # only before the warm-up: no request is waiting
+            _import_dynamo()
+            dynamo_imported = True
             continue
         for key, _ in ready:
             if key.fileobj is control:
