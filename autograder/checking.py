@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
 import warnings
 from typing import Any, Callable
 
@@ -107,6 +108,28 @@ class Remembered:
 
     def clear(self) -> None:
         self._outcomes.clear()
+
+
+def load_written(path):
+    """``torch.load(path, weights_only=True)`` of a file the learner's code wrote, bounded in memory.
+
+    torch.save writes a zip archive of *stored* records. torch.load also inflates compressed ones, so
+    a few KiB could unpack into gigabytes in the grading process: such a file, or one whose records
+    claim more bytes than it holds, is refused before torch.load sees it. Legacy (non-zip) files can
+    only fill a storage from the bytes they hold.
+    """
+    import zipfile
+
+    import torch
+    size = os.path.getsize(path)
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+        packed = [r.filename for r in records if r.compress_type != zipfile.ZIP_STORED]
+        if packed or len(records) > 100_000 or sum(r.file_size for r in records) > size:
+            raise RuntimeError(f"refused to load {os.path.basename(path)!r}: its zip records are compressed "
+                               f"or claim more bytes than the file holds; torch.save never writes such a file")
+    return torch.load(path, weights_only=True)
 
 
 def max_abs_diff(a, b) -> float:
