@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 import autograder
-from autograder import sandbox_zygote, wire
+from autograder import sandbox_zygote, scratch, wire
 
 PACKAGE_DIR = Path(autograder.__file__).resolve().parent
 MAX_ANSWER_BYTES = 256 << 20
@@ -46,6 +46,9 @@ class Limits:
     file_bytes: int = 1 << 30         # largest file it may write
     cpu_seconds: int = 900
     open_files: int = 1024
+    memory_total_bytes: int = 6 << 30  # all its processes together, its tmpfs files included (memory cgroup)
+    disk_bytes: int = 1 << 30         # its own folder (a tmpfs), and the same again for the check's scratch
+    shm_bytes: int = 512 << 20        # its own /dev/shm (DataLoader workers pass tensors through it)
 
 
 class SandboxDied(BaseException):
@@ -122,21 +125,26 @@ class Sandbox:
         self.limits = limits
         self.cell_seconds = cell_seconds
         self.workdir: Path | None = None
+        self.scratch: Path | None = None   # the judge's own folder for a check's files (see autograder.scratch)
+        self._synced: list = []            # the scratch folder as the sandbox last saw it
         self.process: subprocess.Popen | sandbox_zygote.Child | None = None
         self.confinement: dict = {}
-        self._cgroup: Path | None = None
+        self._cgroup: dict[str, str] | None = None
         self.deadline: float | None = None
         self.tampered: list[str] = []    # shared code the submission changed (and the sandbox put back)
 
     # life cycle
     def start(self, timeout: float = 60) -> "Sandbox":
         self.workdir = Path(tempfile.mkdtemp(prefix="workbook-sandbox-")).resolve()
+        self.scratch = Path(tempfile.mkdtemp(prefix="workbook-judge-")).resolve()
+        self._synced = []
         for sub in ("tmp", "mpl"):
             (self.workdir / sub).mkdir()
-        self._cgroup = _make_cgroup(self.limits.processes)
+        self._cgroup = _make_cgroup(self.limits)
         request_r, self._request_w = os.pipe()
         self._response_r, response_w = os.pipe()
-        config = {"limits": dataclasses.asdict(self.limits), "cgroup": str(self._cgroup) if self._cgroup else None,
+        config = {"limits": dataclasses.asdict(self.limits), "cgroup": self._cgroup,
+                  "workdir": str(self.workdir), "scratch": str(self.scratch),
                   "readable": _readable_paths(), "writable": [str(self.workdir), "/dev/shm", "/dev/null"]}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir), "LANG": "C.UTF-8",
                "TMPDIR": str(self.workdir / "tmp"), "MPLCONFIGDIR": str(self.workdir / "mpl"), "MPLBACKEND": "Agg",
@@ -168,12 +176,13 @@ class Sandbox:
                 except OSError:
                     pass
             self.process = None
-        if self._cgroup is not None:
-            _remove_cgroup(self._cgroup)
+        if self._cgroup:
+            _remove_cgroups(self._cgroup)
             self._cgroup = None
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = None
+        for folder in (self.workdir, self.scratch):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        self.workdir = self.scratch = None
 
     def __enter__(self) -> "Sandbox":
         return self.start() if self.process is None else self
@@ -183,9 +192,15 @@ class Sandbox:
 
     @contextlib.contextmanager
     def judge_files_here(self):
-        """Temporary folders the judge makes during a check go where the sandbox may write."""
+        """Temporary folders the judge makes during a check go in its scratch folder, which calls and probes
+        hand over to the sandbox (and back) as copies."""
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+            # torch's first optimizer step here makes its compiler cache folder under the temp folder of the
+            # moment: fix it where it would be anyway, so it never lands among the check's files.
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = default_cache_dir()
         saved = tempfile.tempdir
-        tempfile.tempdir = str(self.workdir / "tmp")
+        tempfile.tempdir = str(self.scratch)
         try:
             yield
         finally:
@@ -213,6 +228,10 @@ class Sandbox:
     def raw_request(self, op: str, *args, timeout: float | None = None) -> dict:
         if not self.alive:
             raise SandboxDied("the sandbox is not running")
+        handing = op in ("call", "probe")
+        if handing:      # the check's files, as the sandbox must see them, when they changed here
+            now = scratch.fingerprint(str(self.scratch))
+            args = (*args, scratch.pack(str(self.scratch)) if now != self._synced else None)
         blob = pickle.dumps((op, *args), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             os.write(self._request_w, struct.pack(">Q", len(blob)))
@@ -225,6 +244,10 @@ class Sandbox:
             timeout = self.cell_seconds if self.deadline is None else self.deadline - time.monotonic()
         answer = self._receive(time.monotonic() + max(timeout, 0.1))
         self.tampered += answer.get("tampered", [])
+        if handing:
+            if "scratch" in answer:
+                scratch.unpack(str(self.scratch), answer.pop("scratch"), answer.pop("$blobs"))
+            self._synced = scratch.fingerprint(str(self.scratch))
         return answer
 
     def call(self, ref: int, args: tuple, kwargs: dict):
@@ -243,6 +266,8 @@ class Sandbox:
 
     def _returned(self, answer: dict):
         """What a call or a probe returned; the learner's exception raised, and its warnings given, here."""
+        if "died" in answer:      # the probe's own process ended; the sandbox is still there
+            raise SandboxDied(str(answer["died"]))
         if "raised" in answer:
             raise _learner_exception(answer["raised"]) from None
         for message in answer.get("warnings", []):
@@ -263,8 +288,25 @@ class Sandbox:
             self.close_process()
             raise SandboxDied(f"the submission's answer was too large ({size / 2**20:.0f} MiB)")
         try:
-            return wire.loads(self._read(size, deadline))
-        except ValueError:
+            answer = wire.loads(self._read(size, deadline))
+            if not isinstance(answer, dict):
+                raise ValueError("not an answer")
+            files = answer.get("scratch")
+            if files is not None:
+                if (not isinstance(files, list) or len(files) > scratch.MAX_ENTRIES
+                        or not all(isinstance(e, list) and len(e) == 4 and e[1] in ("dir", "file") for e in files)):
+                    raise ValueError("not a folder listing")
+                answer["$blobs"], total = [], 0
+                for _ in [e for e in files if e[1] == "file"]:
+                    (size,) = struct.unpack(">Q", self._read(8, deadline))
+                    total += size
+                    if total > scratch.MAX_BYTES:
+                        self.close_process()
+                        raise SandboxDied(f"the files it handed back were too large (over "
+                                          f"{scratch.MAX_BYTES >> 20} MiB)")
+                    answer["$blobs"].append(self._read(size, deadline))
+            return answer
+        except (ValueError, RecursionError, MemoryError):
             self.close_process()
             raise SandboxDied("the submission wrote something unreadable into the grader's channel") from None
 
@@ -321,30 +363,45 @@ def _readable_paths() -> list[str]:
     return _SYSTEM_READABLE + sorted(prefixes) + [str(PACKAGE_DIR)]
 
 
-# ---- a pids cgroup per sandbox, where the machine lets us make one ----------------------------------
+# ---- cgroups per sandbox (processes, memory), where the machine lets us make them ------------------
 
-def _cgroup_parent() -> Path | None:
-    v1 = Path("/sys/fs/cgroup/pids")
+def _cgroup_parent(controller: str) -> Path | None:
+    v1 = Path("/sys/fs/cgroup") / controller
     if v1.is_dir() and os.access(v1, os.W_OK):
         own = Path("/proc/self/cgroup").read_text()
-        rel = next((line.split(":", 2)[2] for line in own.splitlines() if ":pids:" in line), "/")
+        rel = next((line.split(":", 2)[2] for line in own.splitlines()
+                    if controller in line.split(":", 2)[1].split(",")), "/")
         parent = v1 / rel.lstrip("/")
         if os.access(parent, os.W_OK):
             return parent
     return None
 
 
-def _make_cgroup(processes: int) -> Path | None:
-    parent = _cgroup_parent()
-    if parent is None:
-        return None
-    path = parent / f"workbook-sandbox-{os.getpid()}-{time.monotonic_ns()}"
-    try:
-        path.mkdir()
-        (path / "pids.max").write_text(str(processes))
-    except OSError:
-        return None
-    return path
+def _make_cgroup(limits: Limits) -> dict[str, str]:
+    """A group per controller: a fork bomb meets pids.max, and all its processes with their tmpfs files
+    meet one memory limit, so sandboxes graded side by side cannot starve each other."""
+    made = {}
+    name = f"workbook-sandbox-{os.getpid()}-{time.monotonic_ns()}"
+    for controller, settings in (("pids", {"pids.max": limits.processes}),
+                                 ("memory", {"memory.limit_in_bytes": limits.memory_total_bytes})):
+        parent = _cgroup_parent(controller)
+        if parent is None:
+            continue
+        path = parent / name
+        try:
+            path.mkdir()
+            for key, value in settings.items():
+                (path / key).write_text(str(value))
+        except OSError:
+            _remove_cgroup(path)
+            continue
+        made[controller] = str(path)
+    return made
+
+
+def _remove_cgroups(groups: dict[str, str]) -> None:
+    for path in groups.values():
+        _remove_cgroup(Path(path))
 
 
 def _remove_cgroup(path: Path) -> None:
