@@ -63,3 +63,111 @@ def serialized_copy(obj):
     torch.save(obj, buffer)
     buffer.seek(0)
     return torch.load(buffer, weights_only=True)
+
+
+# ---- objects a probe hands to learner code --------------------------------------------------------
+
+def _method_on_class(cls: type, name: str) -> bool:
+    """``name`` is a method of ``cls``: an instance attribute of that name would be found first."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            kind = type(vars(klass)[name])
+            if hasattr(kind, "__set__") or hasattr(kind, "__delete__"):
+                return False        # a property or slot: it wins over the instance's own attributes
+            return callable(vars(klass)[name]) or hasattr(kind, "__get__")
+    return False
+
+
+def _parts(label: str, obj, found: dict) -> dict:
+    """``obj`` under ``label`` and, for a torch module, every submodule under its own label."""
+    found[label] = obj
+    own = getattr(obj, "__dict__", None)
+    if isinstance(obj, nn.Module) and isinstance(own, dict) and isinstance(own.get("_modules"), dict):
+        for name, child in own["_modules"].items():
+            if child is not None:
+                _parts(f"{label}[{name}]" if str(name).isdigit() else f"{label}.{name}", child, found)
+    return found
+
+
+def _hook_name(attribute: str) -> str:
+    return attribute.strip("_").replace("_", " ")[:-1]     # "_forward_pre_hooks" -> "forward pre hook"
+
+
+def _look(obj) -> tuple:
+    """What learner code could change about ``obj`` without touching shared code: its class, the instance
+    attributes that shadow its class's methods, the hooks it holds (and its parameters' gradient hooks)."""
+    own = getattr(obj, "__dict__", None)
+    own = own if isinstance(own, dict) else {}
+    shadows = {name: id(value) for name, value in own.items()
+               if not name.startswith("__") and _method_on_class(type(obj), name)}
+    hooks = {name: tuple(value) for name, value in own.items()
+             if name.endswith("_hooks") and isinstance(value, dict)}
+    parameters = own.get("_parameters") if isinstance(obj, nn.Module) else None
+    gradient_hooks = {name: (len(p._backward_hooks or ()), len(getattr(p, "_post_accumulate_grad_hooks", None) or ()))
+                      for name, p in (parameters or {}).items() if isinstance(p, torch.Tensor)}
+    return obj, type(obj), shadows, hooks, gradient_hooks
+
+
+def _global_hooks() -> dict[str, int]:
+    """How many hooks torch holds for every module or every optimizer."""
+    import torch.nn.modules.module as modules
+    import torch.optim.optimizer as optimizers
+    return {f"{owner.__name__}.{name}": len(value) for owner in (modules, optimizers)
+            for name, value in sorted(vars(owner).items()) if name.endswith("_hooks") and isinstance(value, dict)}
+
+
+def watch(parts, replaceable: bool = True):
+    """Note the objects ``parts()`` names ({label: object}) before learner code holds them; return a function
+    that lists, as plain text, what that code changed in them that would change how they behave.
+
+    A probe hands its own model, optimizer or trainer to the learner's code and then relies on them: it
+    trains on, reads their state. Code that sets ``optimizer.step = lambda: None`` or ``model.forward = ...``
+    on the instance, swaps an object's class, or adds hooks, changes that behaviour without touching any
+    shared code (which the sandbox guards). Listed: methods replaced, added or removed on an instance, a
+    changed ``__class__``, added hooks (the objects', their parameters' and torch's global ones), submodules
+    added or removed, and, unless ``replaceable``, an object ``parts()`` names that is now another one. An
+    object that was replaced (where allowed) is compared with the one before it: same class, no methods
+    of its own that the other had not.
+    """
+    before = {label: _look(obj) for label, obj in _parts_of(parts).items()}
+    hooks_before = _global_hooks()
+
+    def changes() -> list[str]:
+        found = []
+        now = _parts_of(parts)
+        for label in before.keys() - now.keys():
+            found.append(f"{label} removed")
+        for label, obj in now.items():
+            if label not in before:
+                found.append(f"{label} added")
+                continue
+            was, cls, shadows, hooks, gradient_hooks = before[label]
+            obj, new_cls, new_shadows, new_hooks, new_gradient_hooks = _look(obj)
+            if obj is not was:
+                if not replaceable:
+                    found.append(f"{label} replaced by another object")
+                elif new_cls is not cls:
+                    found.append(f"{label} replaced by a {new_cls.__name__}")
+                found += [f"{label}.{name} set on the instance" for name in sorted(new_shadows.keys() - shadows.keys())]
+                continue
+            if new_cls is not cls:
+                found.append(f"{label}.__class__ changed to {new_cls.__name__}")
+            found += [f"{label}.{name} replaced on the instance" for name in sorted(new_shadows)
+                      if shadows.get(name) != new_shadows[name]]
+            found += [f"{label}.{name} removed from the instance" for name in sorted(shadows.keys() - new_shadows.keys())]
+            found += [f"{_hook_name(name)} added to {label}" for name in sorted(new_hooks)
+                      if not name.endswith(("_with_kwargs", "_always_called")) and set(new_hooks[name]) - set(hooks.get(name, ()))]
+            found += [f"gradient hook added to {label}.{name}" for name, counts in sorted(new_gradient_hooks.items())
+                      if any(n > m for n, m in zip(counts, gradient_hooks.get(name, (0, 0))))]
+        hooks_now = _global_hooks()
+        found += [f"global hook added to {name}" for name, count in hooks_now.items() if count > hooks_before.get(name, 0)]
+        return found[:8]
+
+    return changes
+
+
+def _parts_of(parts) -> dict:
+    found: dict = {}
+    for label, obj in parts().items():
+        _parts(label, obj, found)
+    return found

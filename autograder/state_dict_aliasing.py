@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from .checking import expect, graded_check, max_abs_diff, observe, require_callable, type_name
-from .helpers import live_tensors, regression_data, serialized_copy, storage_pointer, tiny_mlp, train_step
+from .helpers import (live_tensors, regression_data, serialized_copy, storage_pointer, tiny_mlp, train_step,
+                      watch)
 
 VARIANTS = ("adam", "sgd_momentum", "adam_batchnorm")
 
@@ -58,36 +59,74 @@ def _shared_with(snapshot, live: dict[int, str]) -> list:
     return found
 
 
+def _written_by_training(model, optimizer) -> dict[int, str]:
+    """Storage pointer -> readable name, for every tensor a training step writes: the parameters the
+    optimizer updates, its per-parameter state, the model's buffers (BatchNorm's running statistics)."""
+    param_names = {id(p): name for name, p in model.named_parameters()}
+    names = {storage_pointer(t): f"model {name}" for name, t in model.named_buffers()}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            names[storage_pointer(param)] = f"model {param_names.get(id(param), 'a parameter')}"
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                names[storage_pointer(value)] = f"optimizer {key}"
+    return names
+
+
+def _watched(run: _Run):
+    """What the learner's code changes in the run's model and optimizer (see helpers.watch)."""
+    return watch(lambda: {"model": run.model, "optimizer": run.optimizer})
+
+
 # ---- probes: run where the learner's functions live, return data ----------------------------------
 
 def probe_snapshot_after_training(snapshot_state, seed: int, variant: str, before: int, after: int) -> dict:
-    """Train ``before`` steps, take the learner's snapshot, train ``after`` more: what does it hold now?"""
+    """Train ``before`` steps, take the learner's snapshot, train ``after`` more: what does it hold now?
+
+    Also the live run's state after those steps, and what snapshot_state changed in the objects it was
+    given: a snapshot that stayed put shows nothing unless the training after it did happen."""
     run = _Run(seed, variant)
     run.train(before)
+    changed = _watched(run)
     snapshot = snapshot_state(run.model, run.optimizer)
+    tampering = changed()
     run.train(after)
-    return {"snapshot": snapshot, "shared": _shared_with(snapshot, live_tensors(run.model, run.optimizer))}
+    return {"snapshot": snapshot, "shared": _shared_with(snapshot, live_tensors(run.model, run.optimizer)),
+            "live": run.state(), "tampering": tampering}
 
 
 def probe_restore(restore_state, snapshot: dict, seed: int, variant: str) -> dict:
-    """Restore into a differently initialised run; its state then, and its model after one more step."""
+    """Restore into a differently initialised run; its state then, and its model after one more step
+    (and what restore_state changed in the objects it was given, besides their state)."""
     target = _Run(seed, variant, init_seed=seed + 1)
+    changed = _watched(target)
     restore_state(target.model, target.optimizer, snapshot)
+    tampering = changed()
     restored = target.state()
     target.train(1)
-    return {"restored": restored, "after_step": target.state()["model"]}
+    return {"restored": restored, "after_step": target.state()["model"], "tampering": tampering}
 
 
 def probe_restore_twice(restore_state, snapshot: dict, seed: int, variant: str) -> dict:
-    """Restore, train 3 steps, and again from the same snapshot: the snapshot after the first, both models."""
+    """Restore, train 3 steps, and again from the same snapshot: the snapshot after the first, both models.
+
+    Also where the first restored run trains on the snapshot's own tensors (that training should then
+    have moved the snapshot) and what restore_state changed in the objects it was given."""
     first = _Run(seed, variant, init_seed=seed + 1)
+    changed = _watched(first)
     restore_state(first.model, first.optimizer, snapshot)
+    tampering = changed()
+    shared = _shared_with(snapshot, _written_by_training(first.model, first.optimizer))
     first.train(3)
     snapshot_then = serialized_copy(snapshot)
     second = _Run(seed, variant, init_seed=seed + 2)
+    changed = _watched(second)
     restore_state(second.model, second.optimizer, snapshot)
+    tampering += [change for change in changed() if change not in tampering]
     second.train(3)
-    return {"snapshot": snapshot_then, "first": first.state()["model"], "second": second.state()["model"]}
+    return {"snapshot": snapshot_then, "first": first.state()["model"], "second": second.state()["model"],
+            "shared": shared, "tampering": tampering}
 
 
 def _optimizer_tensors(optimizer_state: dict) -> dict[tuple, torch.Tensor]:
@@ -125,6 +164,47 @@ def _compare_optimizer(got: dict, expected: dict, what: str) -> None:
         expect(group.get("lr") == ref_group["lr"], f"{what}: the learning rate is {group.get('lr')}, expected {ref_group['lr']}.")
 
 
+def _live_difference(live, reference: dict) -> str | None:
+    """Where the live run's state is not where the same training takes the reference run, or None."""
+    model = live.get("model") if isinstance(live, dict) and isinstance(live.get("model"), dict) else {}
+    for key, ref in reference["model"].items():
+        value = model.get(key)
+        if not (torch.is_tensor(value) and value.shape == ref.shape):
+            return f"the live model has no {key!r} any more"
+        if not torch.equal(value, ref):
+            return f"the live model's {key!r} is {max_abs_diff(value, ref):.1e} away from where that training takes it"
+    optimizer = live.get("optimizer") if isinstance(live, dict) and isinstance(live.get("optimizer"), dict) else {}
+    got = _optimizer_tensors(optimizer)
+    for (index, key), ref in _optimizer_tensors(reference["optimizer"]).items():
+        value = got.get((index, key))
+        if not (torch.is_tensor(value) and value.shape == ref.shape):
+            return f"the live optimizer has no {key!r} for parameter {index} any more"
+        if not torch.equal(value, ref):
+            return (f"the live optimizer's {key!r} for parameter {index} is {max_abs_diff(value, ref):.1e} away "
+                    f"from where that training takes it")
+    return None
+
+
+def _expect_live_run_trained(seen: dict, reference: dict, steps: int) -> None:
+    """A snapshot that did not move counts only if the live run did: snapshot_state left the objects it was
+    given alone, and the live run then trained exactly as the same training does here."""
+    tampering = seen["tampering"]
+    difference = None if tampering else _live_difference(seen["live"], reference)
+    if tampering or difference:
+        how = "; ".join(tampering) if tampering else f"after {steps} more training steps, {difference}"
+        raise AssertionError(
+            f"Your snapshot_state changed the live model/optimizer it was given ({how}): the training after the "
+            f"snapshot did not happen as it should, so the snapshot's independence could not be observed. "
+            f"snapshot_state must only read.")
+
+
+def _expect_only_loaded(tampering: list) -> None:
+    expect(not tampering,
+           f"Your restore_state changed the model/optimizer it was given beyond loading their state "
+           f"({'; '.join(tampering)}): the training after the restore did not happen as it should, so what it "
+           f"restored could not be observed. restore_state must only load the state into them.")
+
+
 @graded_check("snapshot_state returns loadable model and optimizer state dicts")
 def check_snapshot_state(snapshot_state, seed: int = 0, variant: str = "adam") -> None:
     require_callable(snapshot_state, "snapshot_state")
@@ -150,6 +230,8 @@ def check_snapshot_state_model(snapshot_state, seed: int = 0, variant: str = "ad
     run.train(2)
     expected = run.state()["model"]
     seen = observe(probe_snapshot_after_training, snapshot_state, seed, variant, before=2, after=3)
+    run.train(3)
+    _expect_live_run_trained(seen, run.state(), steps=3)
     model_state = _part(seen["snapshot"], "model")
     shared_keys = {key for where, key in seen["shared"] if where == "model"}
     for key, ref in expected.items():
@@ -174,6 +256,8 @@ def check_snapshot_state_optimizer(snapshot_state, seed: int = 0, variant: str =
     run.train(2)
     expected = _optimizer_tensors(run.state()["optimizer"])
     seen = observe(probe_snapshot_after_training, snapshot_state, seed, variant, before=2, after=3)
+    run.train(3)
+    _expect_live_run_trained(seen, run.state(), steps=3)
     got = _optimizer_tensors(_part(seen["snapshot"], "optimizer"))
     shared_places = {tuple(where) for where in seen["shared"] if where[0] != "model"}
     for (index, key), ref in expected.items():
@@ -207,6 +291,7 @@ def check_restore_state(restore_state, seed: int = 0, variant: str = "adam") -> 
     snapshot = _trained_snapshot(seed, variant)
     expected = serialized_copy(snapshot)
     seen = observe(probe_restore, restore_state, snapshot, seed, variant)
+    _expect_only_loaded(seen["tampering"])
     restored = seen["restored"]
     _compare_model(restored["model"], expected["model"], "after restore_state, the model state")
     expect(_optimizer_tensors(restored["optimizer"]),
@@ -217,6 +302,20 @@ def check_restore_state(restore_state, seed: int = 0, variant: str = "adam") -> 
     expect(moved, "after restore_state, an optimizer step no longer changes the model: the optimizer updates "
                   "parameter tensors the model no longer uses. Loading with assign=True swaps in new parameter "
                   "objects behind the optimizer's back; load values into the existing parameters instead.")
+    # The same step from the snapshot, here: a restore that only looks right (its run moves, but otherwise
+    # than the run it restored would) fails.
+    reference = _Run(seed, variant, init_seed=seed + 1)
+    reference.model.load_state_dict(expected["model"])
+    reference.optimizer.load_state_dict(serialized_copy(expected["optimizer"]))
+    reference.train(1)
+    for key, ref in reference.state()["model"].items():
+        value = seen["after_step"].get(key)
+        expect(torch.is_tensor(value) and value.shape == ref.shape and torch.equal(value, ref),
+               f"After restore_state, one training step takes the model's {key!r} elsewhere than the same step "
+               f"from the snapshot does"
+               + (f" (max |diff| {max_abs_diff(value, ref):.1e})" if torch.is_tensor(value) and value.shape == ref.shape else "")
+               + ": the restored model and optimizer do not train like the ones the snapshot was taken from. "
+               "Load the snapshot's values into the existing model and optimizer, and change nothing else.")
 
 
 @graded_check("restoring twice from one snapshot gives identical runs")
@@ -225,6 +324,7 @@ def check_restore_state_twice(restore_state, seed: int = 0, variant: str = "adam
     given = _trained_snapshot(seed, variant)
     untouched = serialized_copy(given)
     seen = observe(probe_restore_twice, restore_state, given, seed, variant)
+    _expect_only_loaded(seen["tampering"])
     snapshot = seen["snapshot"]      # as the first restore and 3 steps of training left it
     for (index, key), ref in _optimizer_tensors(untouched["optimizer"]).items():
         value = _optimizer_tensors(snapshot["optimizer"])[(index, key)]
@@ -244,3 +344,12 @@ def check_restore_state_twice(restore_state, seed: int = 0, variant: str = "adam
                f"Two restores from the same snapshot, each followed by 3 steps, ended with different "
                f"{name!r} (max |diff| {max_abs_diff(a, b):.1e}): the second restore did not start from "
                f"what the snapshot held when it was taken.")
+    # An unchanged snapshot counts only if the training could have changed it and did not: the restored run
+    # trained on none of the snapshot's own tensors.
+    shared = [f"{key!r} of parameter {where}" if isinstance(where, int) else f"its {where} entry {key!r}"
+              for where, key in seen["shared"]]
+    expect(not shared,
+           f"The run restored by restore_state trains on your snapshot's own tensors ({', '.join(shared[:3])}), "
+           f"yet 3 training steps left the snapshot unchanged: the training did not happen as it should, so "
+           f"whether it writes into the snapshot could not be observed. optimizer.load_state_dict(d) keeps "
+           f"using d's tensors: what does the optimizer get to keep?")

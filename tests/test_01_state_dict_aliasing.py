@@ -49,6 +49,45 @@ def test_load_side_aliasing_is_named():
     assert "load_state_dict(d) keeps using d's tensors" in message
 
 
+def test_code_that_stops_the_training_after_it_is_named():
+    """A snapshot that did not move counts only if the live run did: replacing optimizer.step on the instance,
+    or setting the live learning rate to 0, is named instead of passing as an independent snapshot."""
+    message = failure_of(checks.check_snapshot_state_model, impls.snapshot_live_freezing_step)
+    assert "optimizer.step replaced on the instance" in message and "snapshot_state must only read" in message
+    message = failure_of(checks.check_snapshot_state_optimizer, impls.snapshot_detach_freezing_lr)
+    assert "the live model's '0.weight'" in message and "did not happen as it should" in message
+    message = failure_of(checks.check_restore_state_twice, impls.restore_aliasing_hidden_by_a_fake_step)
+    assert "optimizer.step replaced on the instance" in message and "restore_state must only load" in message
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda model, optimizer: setattr(model, "forward", lambda x: x), "model.forward replaced on the instance"),
+    (lambda model, optimizer: setattr(model[2], "forward", lambda x: x), "model[2].forward replaced on the instance"),
+    (lambda model, optimizer: optimizer.register_step_post_hook(lambda *a: None),
+     "optimizer step post hook added to optimizer"),
+    (lambda model, optimizer: model[0].register_forward_hook(lambda *a: None), "forward hook added to model[0]"),
+    (lambda model, optimizer: model[0].weight.register_hook(lambda g: g), "gradient hook added to model[0].weight"),
+    (lambda model, optimizer: setattr(optimizer, "__class__", type("Frozen", (type(optimizer),), {})),
+     "optimizer.__class__ changed to Frozen"),
+], ids=["forward", "submodule", "step hook", "forward hook", "gradient hook", "class"])
+def test_watch_names_what_learner_code_changed_in_the_objects_it_was_given(change, named):
+    run = checks._Run(0)
+    changed = checks._watched(run)
+    assert changed() == []
+    change(run.model, run.optimizer)
+    assert changed() == [named]
+
+
+def test_watch_finds_nothing_in_training_or_in_loading_state():
+    run = checks._Run(0, "adam_batchnorm")
+    changed = checks._watched(run)
+    run.train(3)
+    run.model.load_state_dict(run.state()["model"])
+    run.optimizer.load_state_dict(run.state()["optimizer"])
+    run.model.eval(), run.model.train()
+    assert changed() == []
+
+
 def test_hidden_batchnorm_variant_catches_parameters_only_snapshot():
     # The visible Adam model has no buffers, so only the hidden variant shows this trap.
     assert failure_of(checks.check_snapshot_state_model, impls.snapshot_parameters_only) is None
