@@ -522,6 +522,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
 
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        print("workbook-grade: running as root. Grade as an unprivileged user that owns the course folder: "
+              "the sandbox confines each submission, but a machine without user namespaces or Landlock leaves "
+              "it the grading user's rights, and root's are everyone's (see docs in README, Trusted grading).",
+              file=sys.stderr)
     course = Path(args.course).resolve()
     if not (course / "nbgrader_config.py").exists():
         raise SystemExit(f"workbook-grade: {course} has no nbgrader_config.py: is it the course folder?")

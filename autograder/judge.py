@@ -25,6 +25,9 @@ import builtins
 import contextlib
 import dataclasses
 import io
+import resource
+import signal
+import threading
 import time
 import warnings
 
@@ -135,6 +138,10 @@ class Judge:
         started = time.perf_counter()
         verdicts = []
         threads = torch.get_num_threads()
+        with bounded_memory():
+            return self._run(started, verdicts, threads)
+
+    def _run(self, started: float, verdicts: list, threads: int) -> Judgement:
         try:
             # The sandbox's torch runs on one thread; references computed here must use the same
             # kernels (a BatchNorm reduction split over 2 threads differs in the last bit).
@@ -240,16 +247,68 @@ class Judge:
         namespace = {"__builtins__": builtins, "__name__": "__judge__"}
         try:
             # Warnings are ignored, as in the learner's kernel, unless a check records them.
-            with contextlib.redirect_stdout(out), sandbox.judge_files_here(), warnings.catch_warnings():
+            with contextlib.redirect_stdout(out), sandbox.judge_files_here(), warnings.catch_warnings(), \
+                    _time_limit(self.cell_seconds * 2, exercise_of(grade_id, self.answer_names)):
                 warnings.simplefilter("ignore")
                 if self.names is None or self.names.sandbox is not sandbox:
                     self.names = SubmissionNames(sandbox)
                 exec(compile(source, f"<test {grade_id}>", "exec"), namespace, self.names)
         except SandboxDied:
             raise
+        except MemoryError:
+            raise SandboxDied(f"what it returned would not fit in the grader's memory (over "
+                              f"{GRADER_MEMORY_BYTES >> 30} GiB)") from None
         except Exception as exc:
             return out.getvalue(), _error(type(exc).__name__, str(exc))
         return out.getvalue(), None
+
+
+# The grading process takes the submission's replies, files and values apart: however large they claim to
+# be, it may grow by this much at most while it judges one notebook (a MemoryError costs that test only).
+GRADER_MEMORY_BYTES = 4 << 30
+
+
+@contextlib.contextmanager
+def bounded_memory():
+    """An address-space limit of the grading process's current size plus ``GRADER_MEMORY_BYTES``, lifted
+    afterwards; a lower limit set by whoever started the grader is kept."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * resource.getpagesize()
+    except OSError:
+        yield
+        return
+    limit = size + GRADER_MEMORY_BYTES
+    if soft != resource.RLIM_INFINITY and soft <= limit or hard != resource.RLIM_INFINITY and hard < limit:
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, exercise: str):
+    """A check's own work in the grading process is bounded too (a length, a range it loops over...):
+    past ``seconds``, SIGALRM ends the test as a stopped one. Only where signals can be used."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SandboxDied(f"checking it took the grader over {seconds:g} s: what it returned is far too large "
+                          f"to check")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def judge_notebook(nb, cell_seconds: float = DEFAULT_CELL_TIMEOUT, limits: Limits = Limits()) -> Judgement:

@@ -35,7 +35,7 @@ import autograder
 from autograder import sandbox_zygote, scratch, wire
 
 PACKAGE_DIR = Path(autograder.__file__).resolve().parent
-MAX_ANSWER_BYTES = 256 << 20
+MAX_ANSWER_BYTES = 64 << 20     # a reply's JSON (the files a call hands back come apart: autograder.scratch)
 _SYSTEM_READABLE = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev", "/opt"]
 
 
@@ -93,7 +93,10 @@ class RemoteObject:
         self._sandbox.request("setattr", self._ref, name, self._sandbox.pickle(value))
 
     def __len__(self) -> int:
-        return self._sandbox.request("builtin", self._ref, "len")
+        n = self._sandbox.request("builtin", self._ref, "len")
+        if not (type(n) is int and 0 <= n <= wire.MAX_ITEMS):     # a check may loop over it
+            raise ValueError(f"the submission's {self._type_name} claims a length of {n!r:.40}")
+        return n
 
     def __bool__(self) -> bool:
         return self._sandbox.request("builtin", self._ref, "bool")
@@ -223,7 +226,7 @@ class Sandbox:
         answer = self.raw_request(op, *args, timeout=timeout)
         if "raised" in answer:
             raise _learner_exception(answer["raised"]) from None
-        return self.decode(answer["value"])
+        return self.decode(answer.get("value"))
 
     def raw_request(self, op: str, *args, timeout: float | None = None) -> dict:
         if not self.alive:
@@ -272,14 +275,18 @@ class Sandbox:
             raise _learner_exception(answer["raised"]) from None
         for message in answer.get("warnings", []):
             warnings.warn(str(message), UserWarning, stacklevel=3)   # as if the call had warned here
-        return self.decode(answer["value"])
+        return self.decode(answer.get("value"))
 
     def decode(self, data):
         def proxy(ref: dict) -> RemoteObject:
             kind = RemoteCallable if ref.get("callable") is True else RemoteObject
             return kind(self, int(ref["$ref"]), str(ref.get("type", "object")))
 
-        return wire.decode(data, proxy)
+        try:
+            return wire.decode(data, proxy)
+        except (ValueError, TypeError, KeyError, RecursionError, MemoryError) as exc:
+            self.close_process()
+            raise SandboxDied(f"it answered with something the grader will not read ({exc})"[:300]) from None
 
     def _receive(self, deadline: float) -> dict:
         header = self._read(8, deadline)

@@ -142,9 +142,10 @@ def _landlock(readable: list[str], writable: list[str]) -> str:
                 continue
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
+                granted = rights     # a file takes only the rights that apply to files (this one, not the next)
                 if not os.path.isdir(path):
-                    rights &= 1 | 2 | 4 | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
-                rule = struct.pack("=Qi", rights, fd)
+                    granted &= 1 | 2 | 4 | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+                rule = struct.pack("=Qi", granted, fd)
                 if syscall(445, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0)):
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
             finally:

@@ -18,6 +18,9 @@ import numpy as np
 import torch
 
 MAX_DEPTH = 64
+# What the judge will decode from a sandbox: a reply with more values than this, or nested deeper, is
+# refused before it is built (32 MiB of "[]," would otherwise become 1.5 GiB of lists in the judge).
+MAX_ITEMS = 2_000_000
 
 
 def encode(value: Any, reference: Callable[[Any], dict]) -> Any:
@@ -61,11 +64,14 @@ def encode(value: Any, reference: Callable[[Any], dict]) -> Any:
 
 def decode(data: Any, dereference: Callable[[dict], Any]) -> Any:
     """The value ``encode`` described, built from data only; ``dereference`` makes proxies."""
-    def dec(d: Any) -> Any:
+    def dec(d: Any, depth: int = 0) -> Any:
         if d is None or isinstance(d, (bool, int, float, str)):
             return d
+        if depth > MAX_DEPTH + 2:
+            raise ValueError(f"a value nested more than {MAX_DEPTH} deep")
+        depth += 1
         if isinstance(d, list):
-            return [dec(x) for x in d]
+            return [dec(x, depth) for x in d]
         if not isinstance(d, dict) or len(d) == 0:
             raise ValueError(f"not a wire value: {d!r:.80}")
         if "$float" in d:
@@ -75,7 +81,7 @@ def decode(data: Any, dereference: Callable[[dict], Any]) -> Any:
             dtype = np.dtype(spec["dtype"])
             if dtype.kind not in "biufc":
                 raise ValueError(f"refused array dtype {dtype}")
-            array = np.frombuffer(base64.b64decode(spec["data"]), dtype=dtype).reshape(spec["shape"]).copy()
+            array = np.frombuffer(base64.b64decode(spec["data"]), dtype=dtype).reshape(_shape(spec["shape"])).copy()
             return array[()] if spec.get("scalar") else array
         if "$tensor" in d:
             spec = d["$tensor"]
@@ -84,17 +90,20 @@ def decode(data: Any, dereference: Callable[[dict], Any]) -> Any:
                 raise ValueError(f"refused tensor dtype {spec['dtype']}")
             raw = bytearray(base64.b64decode(spec["data"]))
             flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-            tensor = flat.view(dtype).reshape(spec["shape"]).clone()
+            tensor = flat.view(dtype).reshape(_shape(spec["shape"])).clone()
             return torch.nn.Parameter(tensor, requires_grad=tensor.is_floating_point()) if spec.get("parameter") else tensor
         if "$range" in d:
-            return range(*(int(x) for x in d["$range"]))
+            r = range(*(int(x) for x in d["$range"]))
+            if len(r) > MAX_ITEMS:   # a check may well list it
+                raise ValueError(f"a range of {len(r)} values")
+            return r
         if "$tuple" in d:
-            return tuple(dec(x) for x in d["$tuple"])
+            return tuple(dec(x, depth) for x in d["$tuple"])
         if "$set" in d:
-            items = [dec(x) for x in d["$set"]]
+            items = [dec(x, depth) for x in d["$set"]]
             return frozenset(items) if d.get("frozen") else set(items)
         if "$dict" in d:
-            return {dec(k): dec(v) for k, v in d["$dict"]}
+            return {dec(k, depth): dec(v, depth) for k, v in d["$dict"]}
         if "$bytes" in d:
             return base64.b64decode(d["$bytes"])
         if "$path" in d and isinstance(d["$path"], str):
@@ -106,9 +115,20 @@ def decode(data: Any, dereference: Callable[[dict], Any]) -> Any:
     return dec(data)
 
 
+def _shape(shape) -> list[int]:
+    if not (isinstance(shape, list) and len(shape) <= 64 and all(type(n) is int and 0 <= n for n in shape)):
+        raise ValueError(f"not a shape: {shape!r:.80}")
+    return shape
+
+
 def dumps(message: Any) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
 
 
 def loads(blob: bytes) -> Any:
+    """Parse a reply, after a count that bounds what it can build: every value but the first follows a
+    comma or opens a list or object, so these three bytes bound the number of values (strings hold
+    base64 and messages, in which they are rare)."""
+    if blob.count(b",") + blob.count(b"[") + blob.count(b"{") > MAX_ITEMS:
+        raise ValueError(f"a reply of more than {MAX_ITEMS} values")
     return json.loads(blob)
