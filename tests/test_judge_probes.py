@@ -28,6 +28,24 @@ def snapshot_state(model, optimizer):
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 '''
 
+# Training frozen by a method added to Adam that shadows the one it inherits (Optimizer.zero_grad keeps the
+# gradients: every step repeats the first), while the JSON encoder the report would travel through is
+# patched to drop what the guard reports.
+SHADOW_AND_SILENCE_THE_REPORT = '''
+import json, threading, time, torch
+
+def snapshot_state(model, optimizer):
+    def keep_going():
+        while True:
+            torch.optim.Adam.step = lambda self, closure=None: None
+            json.encoder.c_make_encoder = None
+            json.JSONEncoder.encode = lambda self, o: json.dumps({k: v for k, v in o.items() if k != "tampered"})
+            time.sleep(0.001)
+    threading.Thread(target=keep_going, daemon=True).start()
+    torch.optim.Adam.zero_grad = lambda self, set_to_none=True: None
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+'''
+
 COPY = '''
 import copy
 
@@ -63,6 +81,12 @@ def test_freezing_training_during_the_probe_scores_zero_and_says_what_was_patche
     verdict = _judged(LIVE_VIEW_WITH_FROZEN_TRAINING)
     assert not verdict.passed and verdict.error["ename"] == "SubmissionStopped"
     assert "torch.optim.Adam.step" in verdict.error["evalue"]
+
+
+def test_a_shadowing_method_and_a_patched_report_path_still_score_zero():
+    verdict = _judged(SHADOW_AND_SILENCE_THE_REPORT)
+    assert not verdict.passed and verdict.error["ename"] == "SubmissionStopped", verdict
+    assert "torch.optim.Adam.zero_grad" in verdict.error["evalue"] or "Adam.step" in verdict.error["evalue"]
 
 
 def test_consecutive_test_cells_share_the_submissions_names_as_in_a_kernel(monkeypatch):

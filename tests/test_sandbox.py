@@ -301,3 +301,98 @@ def test_sandboxes_forked_once_the_zygote_idled_have_torch_dynamo_imported_alrea
                 break
         assert time.monotonic() < deadline, "no sandbox found torch._dynamo imported within a minute"
         time.sleep(0.5)
+
+
+def test_sandboxes_share_no_dev_shm_and_see_no_other_process():
+    """A file one sandbox leaves in /dev/shm is not there for the next (no channel between students, no
+    memory outside its limits), and /proc lists its own processes only (no other command line)."""
+    with Sandbox(cell_seconds=20) as first, Sandbox(cell_seconds=20) as second:
+        needs(first, "namespaces")
+        assert run(first, "open('/dev/shm/left_for_the_next', 'w').write('answers')") is None
+        assert run(second, "import os\nshm = os.listdir('/dev/shm')\n"
+                           "cmdlines = [open(f'/proc/{p}/cmdline', 'rb').read() for p in os.listdir('/proc') if p.isdigit()]") is None
+        assert second.request("lookup", "shm") == []
+        assert not Path("/dev/shm/left_for_the_next").exists()
+        seen = second.request("lookup", "cmdlines")
+        assert seen and all(b"pytest" not in c and b"--zygote" not in c.split(b"\0")[1:2] for c in seen), seen
+        assert len(seen) <= 3      # its init, its server, and the process reading
+
+
+def test_a_reply_built_to_swell_in_the_grader_is_refused_before_it_is_built(sandbox):
+    """32 MiB of nested empty lists decoded to 1.5 GiB in the grading process; now it is refused at once."""
+    import tracemalloc
+    run(sandbox, "import gc, os, struct\n"     # its reply written by hand
+                 "def swell():\n"
+                 "    server = next(o for o in gc.get_objects() if type(o).__name__ == 'Server' and hasattr(o, 'response_fd'))\n"
+                 "    blob = b'{\"value\":[' + b'[],' * 11_000_000 + b'[]]}'\n"
+                 "    os.write(server.response_fd, struct.pack('>Q', len(blob)) + blob)\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(SandboxDied, match="unreadable"):
+            sandbox.request("lookup", "swell")()
+        grew = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert grew < 200 << 20, f"the grader grew by {grew >> 20} MiB"
+    with Sandbox(cell_seconds=20) as box:
+        run(box, "def endless():\n    return range(10 ** 15)\nclass Huge:\n    def __len__(self):\n        return 10 ** 15\n"
+                 "huge = Huge()")
+        with pytest.raises(SandboxDied, match="will not read"):
+            box.request("lookup", "endless")()
+    with Sandbox(cell_seconds=20) as box:
+        run(box, "class Huge:\n    def __len__(self):\n        return 10 ** 15\nhuge = Huge()")
+        with pytest.raises(ValueError, match="claims a length"):
+            len(box.request("lookup", "huge"))
+
+
+LINKS = """
+import os, threading, time
+targets = ['/proc/self/cwd/gradebook.db', '/proc/self/cwd', '/proc/1/cwd', {canary!r}, '/proc/self/root/tmp']
+def plant(folder):
+    for name in ['checkpoint.pt', 'model.pt', 'notes.txt', 'result.pt', 'moved', 'written', 'x.tmp']:
+        for i, target in enumerate(targets):
+            try:
+                os.symlink(target, os.path.join(folder, name if i == 0 else f'{{name}}{{i}}'))
+            except OSError:
+                pass
+def keep_planting(root):
+    while True:
+        for folder, dirs, files in os.walk(root):
+            plant(folder)
+        time.sleep(0.001)
+def save(path, data):
+    plant(os.path.dirname(path))
+    with open(path + '.real', 'wb') as f:
+        f.write(data)
+    return sorted(os.listdir(os.path.dirname(path)))
+"""
+
+
+def test_the_judge_never_follows_a_link_the_sandbox_plants(tmp_path):
+    """Links planted at every name a check uses (and by a thread that keeps planting) point at the course's
+    gradebook, the grader's own folders and a canary outside: the judge's copy of the check's folder holds
+    none of them, and what the judge writes there and reads back touches nothing outside."""
+    canary = tmp_path / "canary"
+    canary.write_text("untouched")
+    with Sandbox(cell_seconds=20) as box:
+        run(box, LINKS.format(canary=str(canary)) + f"threading.Thread(target=keep_planting, args=({str(box.scratch)!r},), "
+                                                    f"daemon=True).start()")
+        save = box.request("lookup", "save")
+        with box.judge_files_here():
+            import tempfile
+            folder = tempfile.mkdtemp()
+            path = os.path.join(folder, "checkpoint.pt")
+            Path(folder, "notes.txt").write_text("the judge's own file")
+            listed = save(path, b"written in the sandbox")
+            # What the sandbox listed had the links; the judge's copy has only folders and regular files.
+            assert "checkpoint.pt" in listed and "model.pt1" in listed or box.confinement.get("folders") != "private tmpfs"
+            for dirpath, dirs, files in os.walk(box.scratch):
+                for name in dirs + files:
+                    assert not os.path.islink(os.path.join(dirpath, name)), name
+            assert Path(folder, "checkpoint.pt.real").read_bytes() == b"written in the sandbox"
+            assert not Path(path).exists()          # the link that stood there is no file for the check
+            # The judge writes where a link stood, and the sandbox's next copy brings none back.
+            Path(path).write_text("the judge writes its own file")
+            save(path, b"again")
+            assert Path(path).read_text() != "" and not os.path.islink(path)
+    assert canary.read_text() == "untouched"
