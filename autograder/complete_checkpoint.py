@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .checking import Remembered, expect, graded_check, observe, require_callable
+from .helpers import watch
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -288,30 +289,42 @@ def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0):
 
 # ---- probes: run where the learner's functions live, return data ------------------------------
 
+def _trainer_parts(trainer: Trainer):
+    """The trainer and the objects it trains with, as helpers.watch names them."""
+    return lambda: {"trainer": trainer, **{f"trainer.{name}": getattr(trainer, name)
+                                           for name in ("model", "optimizer", "scheduler", "scaler", "loader")}}
+
+
 def probe_save(save_checkpoint, path: str, seed: int, k: int, after: int) -> dict:
     """Train ``k`` steps, save with the learner's save_checkpoint to ``path``, train ``after`` more:
-    the type of what it returned (None for None), and the records of those later steps."""
+    the type of what it returned (None for None), the records of those later steps, and what
+    save_checkpoint changed in the trainer's objects (the records are read through them)."""
     with preserved_rngs():   # the learner's own RNGs stay where they were
         trainer = make_trainer(seed)
         train_steps(trainer, k)
+        changed = watch(_trainer_parts(trainer), replaceable=False)
         returned = save_checkpoint(path, trainer)
+        tampering = changed()
         return {"returned": None if returned is None else type(returned).__name__,
-                "after_save": train_steps(trainer, after)}
+                "after_save": train_steps(trainer, after), "tampering": tampering}
 
 
 def probe_resume(load_checkpoint, path: str, seed: int, steps: int, timeout: float) -> tuple:
     """In a fresh process, load ``path`` with the learner's load_checkpoint into a trainer built with
     another seed, and train ``steps`` steps: its snapshot right after loading, the steps' records, and
-    its snapshot after them. Errors there come back as RuntimeError."""
+    its snapshot after them; and what load_checkpoint changed in the trainer's objects besides their state
+    (those snapshots and records are read through them). Errors there come back as RuntimeError."""
     def resume():
         trainer = make_trainer(seed + 1000)
         # Away from any state of the run, but the same place every time: a resume that fails to restore
         # an RNG then reads the same on every run, in the judge as in the learner's kernel.
         scramble_rngs(entropy=seed + 2000)
+        changed = watch(_trainer_parts(trainer))
         load_checkpoint(path, trainer)
+        tampering = changed()
         at_load = snapshot(trainer)
         records = train_steps(trainer, steps)
-        return at_load, records, snapshot(trainer)
+        return at_load, records, snapshot(trainer), tampering
 
     return run_in_fresh_process(resume, timeout)
 
@@ -328,6 +341,7 @@ class ResumeExperiment:
     resumed_final: dict
     k: int
     n: int
+    tampering: list = dataclasses.field(default_factory=list)  # what load_checkpoint changed besides state
 
 
 _RECENT_EXPERIMENTS = Remembered(keep=4)  # the four load checks share one experiment per argument set
@@ -361,11 +375,12 @@ def run_resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: in
         os.makedirs(os.path.dirname(path))
         os.replace(written, path)
         try:
-            at_load, resumed, resumed_final = observe(probe_resume, load_checkpoint, path, seed, n - k, timeout)
+            at_load, resumed, resumed_final, tampering = observe(probe_resume, load_checkpoint, path, seed, n - k,
+                                                                 timeout)
         except RuntimeError as exc:
             raise AssertionError(f"Loading the checkpoint into a fresh trainer in a fresh process failed: "
                                  f"{exc}") from None
-    return ResumeExperiment(at_k, expected, final, at_load, resumed, resumed_final, k, n)
+    return ResumeExperiment(at_k, expected, final, at_load, resumed, resumed_final, k, n, tampering)
 
 
 def _first_tensor_difference(got, expected, where: str = "") -> str | None:
@@ -408,6 +423,11 @@ def diagnose(experiment: ResumeExperiment) -> dict[str, str]:
     found: dict[str, str] = {}
     got, ref = experiment.at_load, experiment.at_k
     k = experiment.k
+    if experiment.tampering:
+        found["tampering"] = (f"load_checkpoint changed the trainer's objects beyond loading their state "
+                              f"({'; '.join(experiment.tampering)}): the resumed state is read and trained through "
+                              f"them, so it could not be observed. Restore each component with its own "
+                              f"load_state_dict and leave the objects' methods alone.")
     if (got["epoch"], got["step"]) != (ref["epoch"], ref["step"]):
         found["counters"] = (f"After load_checkpoint the trainer says epoch {got['epoch']}, step {got['step']}; "
                              f"the checkpoint was taken at epoch {ref['epoch']}, step {ref['step']}. The epoch "
@@ -453,7 +473,7 @@ def diagnose(experiment: ResumeExperiment) -> dict[str, str]:
 
 
 COMPONENT_GROUPS = {
-    "training_state": ("counters", "model", "optimizer", "scheduler", "scaler"),
+    "training_state": ("tampering", "counters", "model", "optimizer", "scheduler", "scaler"),
     "rng": ("torch_rng", "numpy_rng", "python_rng"),
     "data_position": ("data position",),
 }
@@ -497,6 +517,10 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 8) -> None:
                 f"{hint}. Never turn the safe default off to read your own checkpoints.") from None
         leftovers = sorted(name for name in os.listdir(folder) if name != "checkpoint.pt")
         expect(not leftovers, f"save_checkpoint left other files next to the checkpoint: {leftovers}.")
+        expect(not seen["tampering"],
+               f"save_checkpoint changed the trainer it was given ({'; '.join(seen['tampering'])}): the training "
+               f"after the save, read through those objects, cannot show whether saving changed the run. "
+               f"Saving must only read the training state.")
         for a, b in zip(seen["after_save"], expected):
             expect(a == b, f"Saving changed the run: step {b['step']} after the save differs from a run that did "
                            f"not save ({_record_difference(a, b)}). Reading state for a checkpoint must not "
@@ -550,6 +574,7 @@ def check_load_checkpoint(load_checkpoint, save_checkpoint, seed: int = 0, k: in
                 mismatch = f"after step {experiment.n}, {difference}"
                 break
     if mismatch is None:
+        _report(diagnose(experiment), ("tampering",))   # the same run, read through changed objects, shows nothing
         return
     found = diagnose(experiment)
     cause = next(iter(found.values()), "No single component was found to differ right after loading; "

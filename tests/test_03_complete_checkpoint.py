@@ -62,6 +62,15 @@ def test_unsafe_numpy_state_is_named():
     assert "weights_only=True" in message and "NumPy" in message
 
 
+def test_changing_the_trainers_objects_is_named():
+    """The probes read the run through the trainer's objects: methods replaced there are named, not trusted."""
+    message = failure_of(checks.check_save_checkpoint, impls.save_resets_loss_scale_and_hides_it)
+    assert "trainer.scaler.get_scale replaced on the instance" in message and "must only read" in message
+    message = failure_of(lambda _: checks.check_load_checkpoint_training_state(
+        impls.load_hides_missing_optimizer, impls.save_complete), None)
+    assert "trainer.optimizer.state_dict replaced on the instance" in message
+
+
 def test_checks_leave_the_callers_rngs_alone():
     torch.manual_seed(1), np.random.seed(1), random.seed(1)
     before = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
