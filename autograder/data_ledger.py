@@ -13,10 +13,16 @@ from __future__ import annotations
 import collections
 import random
 import time
-import tracemalloc
+# Bound once, here: the probe that measures the audit's memory uses these even if submitted code replaces
+# the tracemalloc module's functions (this module's names are shared code the sandbox puts back).
+from tracemalloc import get_traced_memory as _traced_memory
+from tracemalloc import is_tracing as _is_tracing
+from tracemalloc import reset_peak as _reset_peak
+from tracemalloc import start as _start_tracing
+from tracemalloc import stop as _stop_tracing
 
 from .checking import expect, graded_check, observe, require_callable
-from .helpers import serialized_copy
+from .helpers import serialized_copy, watch
 
 # The worked example: 8 ranks x microbatch 2 x 4 accumulation steps = 64 samples per update.
 WORKED_EXAMPLE = (8, 2, 4)
@@ -163,25 +169,37 @@ def _error(exc: Exception) -> str:
 
 def probe_state_saved_later(ledger, config, more: int) -> dict:
     """Take ``ledger.state_dict()``, train ``more`` updates, then save the state (a torch.save/load round
-    trip): the saved copy, or what stopped it (the state's type if not a dict, an error as text).
+    trip): the saved copy, or what stopped it (the state's type if not a dict, an error as text); with
+    ledger.committed after those updates and what state_dict() changed in the ledger (helpers.watch).
 
     Runs where the ledger lives: a state_dict() that is a live view of the ledger has moved by the time
-    it is saved, which a copy taken out of the sandbox at once would hide."""
+    it is saved, which a copy taken out of the sandbox at once would hide. A saved state that did not move
+    shows nothing unless the ledger did: the ledger's own count after the updates comes back with it (read
+    here, since what a probe does to the ledger need not outlast the probe)."""
+    changed = watch(lambda: {"ledger": ledger})
     try:
         state = ledger.state_dict()
     except NotImplementedError:
         raise
     except Exception as exc:
         return {"state_dict raised": _error(exc)}
+    tampering = changed()
     if not isinstance(state, dict):
         return {"not a dict": type(state).__name__}
     _train(ledger, config, more)
     try:
-        return {"saved": serialized_copy(state)}
+        committed = ledger.committed
+    except NotImplementedError:
+        raise
+    except Exception:
+        committed = None
+    seen = {"committed after": None if callable(committed) else committed, "tampering": tampering}
+    try:
+        return {"saved": serialized_copy(state), **seen}
     except NotImplementedError:
         raise
     except Exception as exc:
-        return {"saving raised": _error(exc)}
+        return {"saving raised": _error(exc), **seen}
 
 
 @graded_check("state_dict / load_state_dict resume from the committed cursor")
@@ -198,7 +216,7 @@ def check_ledger_state_dict(Ledger, config=WORKED_EXAMPLE, updates: int = 5,
     if "state_dict raised" in seen:
         raise AssertionError(f"ledger.state_dict() raised {seen['state_dict raised']}")
     expect("not a dict" not in seen, f"state_dict() should return a dict, not {seen.get('not a dict')}.")
-    moved_to = _counter(ledger, "committed")
+    moved_to = seen["committed after"]
     if "saving raised" in seen:
         raise AssertionError(f"the ledger's state_dict() does not survive torch.save/torch.load(weights_only=True) "
                              f"({seen['saving raised']}); keep it to plain numbers, strings and dicts.")
@@ -215,6 +233,15 @@ def check_ledger_state_dict(Ledger, config=WORKED_EXAMPLE, updates: int = 5,
         raise AssertionError(
             f"The state_dict() taken at {committed:,} committed positions reads {got['committed']:,} after two "
             f"more updates: it is a live view of the ledger, not a snapshot. What does your state_dict() return?")
+    if got["committed"] == committed and moved_to == committed:
+        # A saved state that did not move counts only if the ledger did.
+        raise AssertionError(
+            (f"Your state_dict() changed the ledger it was called on ({'; '.join(seen['tampering'])}): "
+             if seen["tampering"] else "")
+            + f"two more updates after state_dict() left ledger.committed at {committed:,}, so whether the saved "
+            f"state is a snapshot or a live view of the ledger could not be observed. "
+            + ("state_dict() must only read the ledger." if seen["tampering"] else
+               "Only commit() moves the committed count, by one update's worth of positions."))
     expect(got["committed"] == committed and got["resume_position"] == committed,
            f"A ledger saved with committed = {committed:,} (and {partial} uncommitted microbatches fetched) "
            f"comes back with committed = {got['committed']:,} and resume_position = "
@@ -279,6 +306,10 @@ def _call_audit(audit, expected, trained):
         raise
     except Exception as exc:
         raise AssertionError(f"audit raised {type(exc).__name__}: {exc}") from None
+    return _audit_result(result)
+
+
+def _audit_result(result):
     expect(isinstance(result, dict) and {"replayed", "omitted"} <= set(result),
            f"audit should return a dict with keys 'replayed' and 'omitted', not {result!r:.200}.")
     return result
@@ -331,6 +362,35 @@ def _scale_case(positions: int, spans: int = 64) -> tuple[list[range], list[rang
     return [range(0, spans * size)], trained
 
 
+def probe_audit_memory(audit, positions: int, spans: int) -> dict:
+    """The learner's audit of ``_scale_case(positions, spans)`` under tracemalloc: {"peak": the most bytes it
+    held at once during the call, "result": what it returned, "traced": whether tracing was still on when
+    it returned}, or {"raised": its error as text}.
+
+    Measured where the audit runs (the sandbox, in graded mode): memory measured around a call from the
+    grading process would be the grading process's, and a per-position audit would pass there."""
+    expected, trained = _scale_case(positions, spans)
+    expected, trained = [range(s.start, s.stop) for s in expected], [range(s.start, s.stop) for s in trained]
+    already = _is_tracing()       # the learner's own kernel may be tracing: leave it so
+    if not already:
+        _start_tracing()
+    try:
+        _reset_peak()
+        base = _traced_memory()[0]
+        try:
+            result = audit(expected, trained)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            return {"raised": _error(exc)}
+        traced = _is_tracing()
+        peak = _traced_memory()[1] - base
+    finally:
+        if not already and _is_tracing():
+            _stop_tracing()
+    return {"peak": max(peak, 0), "result": result, "traced": traced}
+
+
 def _seconds(audit, expected, trained, repeats: int = 2) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -345,13 +405,14 @@ def check_audit_scale(audit, positions: int = 1_000_000, spans: int = 64) -> Non
     require_callable(audit, "audit")
     # Memory first, on a fifth of the run: deterministic on a loaded machine, cheap under
     # tracemalloc, and it stops a per-position answer before the timed calls.
+    # Measured by a probe, where the audit runs: in graded mode that is the sandbox, not this process.
     sample = positions // 5
-    tracemalloc.start()
-    try:
-        _call_audit(audit, *_scale_case(sample, spans))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    seen = observe(probe_audit_memory, audit, sample, spans)
+    if "raised" in seen:
+        raise AssertionError(f"audit raised {seen['raised']}")
+    _audit_result(seen["result"])
+    expect(seen["traced"], "audit stopped tracemalloc, which measures the memory it uses: leave it running.")
+    peak = seen["peak"]
     per_position = peak / sample
     expect(per_position < 4,
            f"audit allocated {peak / 1e6:.0f} MB to audit {sample:,} positions held in {spans} spans "

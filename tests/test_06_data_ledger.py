@@ -83,6 +83,41 @@ def test_per_sample_audit_is_named_by_its_memory_per_position():
     assert "bytes per position" in failure_of(checks.check_audit_scale, impls.audit_per_sample_sets)
 
 
+def test_a_ledger_that_stops_moving_after_state_dict_is_named():
+    """A saved state that did not move counts only if the ledger did (its count is read inside the probe)."""
+    message = failure_of(checks.check_ledger_state_dict, impls.LedgerLiveViewFreezesCommit)
+    assert "ledger.commit replaced on the instance" in message and "state_dict() must only read" in message
+
+
+def test_a_per_position_array_is_named_by_its_memory():
+    """Fast enough to pass the timing, so only the memory, measured where the audit runs, catches it."""
+    assert "bytes per position" in failure_of(checks.check_audit_scale, impls.audit_per_position_counts)
+
+
+def test_the_memory_probe_leaves_tracemalloc_as_it_found_it():
+    import tracemalloc
+    assert not tracemalloc.is_tracing()
+    seen = checks.probe_audit_memory(impls.audit, 20_000, 64)
+    assert seen["traced"] and 0 <= seen["peak"] < 20_000 and not tracemalloc.is_tracing()
+    tracemalloc.start()
+    try:
+        assert checks.probe_audit_memory(impls.audit_per_sample_sets, 20_000, 64)["peak"] > 20 * 20_000
+        assert tracemalloc.is_tracing()
+    finally:
+        tracemalloc.stop()
+
+
+def test_replacing_tracemalloc_does_not_hide_an_audits_memory(monkeypatch):
+    import tracemalloc
+    monkeypatch.setattr(tracemalloc, "get_traced_memory", lambda: (0, 0))
+    assert "bytes per position" in failure_of(checks.check_audit_scale, impls.audit_per_sample_sets)
+
+    def audit_stopping_tracemalloc(expected, trained):
+        tracemalloc.stop()
+        return impls.audit_per_sample_sets(expected, trained)
+    assert "stopped tracemalloc" in failure_of(checks.check_audit_scale, audit_stopping_tracemalloc)
+
+
 def test_inclusive_stops_are_named_as_a_half_open_mistake():
     assert "half-open" in failure_of(checks.check_audit, impls.audit_inclusive_stops)
 
