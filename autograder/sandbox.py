@@ -141,26 +141,29 @@ class Sandbox:
         self.workdir = Path(tempfile.mkdtemp(prefix="workbook-sandbox-")).resolve()
         self.scratch = Path(tempfile.mkdtemp(prefix="workbook-judge-")).resolve()
         self._synced = []
-        for sub in ("tmp", "mpl"):
-            (self.workdir / sub).mkdir()
+        # The sandbox's home and temp folder lie beside the check's folders, on the one tmpfs it gets there:
+        # a temp file renamed into a check's folder stays on one file system, as /tmp is in a kernel.
+        home, tmp = self.scratch / scratch.HOME, self.scratch / scratch.TMP
+        for folder in (home, home / "mpl", tmp):
+            folder.mkdir()
         self._cgroup = _make_cgroup(self.limits)
         request_r, self._request_w = os.pipe()
         self._response_r, response_w = os.pipe()
         config = {"limits": dataclasses.asdict(self.limits), "cgroup": self._cgroup,
                   "workdir": str(self.workdir), "scratch": str(self.scratch),
-                  "readable": _readable_paths(), "writable": [str(self.workdir), "/dev/shm", "/dev/null"]}
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir), "LANG": "C.UTF-8",
-               "TMPDIR": str(self.workdir / "tmp"), "MPLCONFIGDIR": str(self.workdir / "mpl"), "MPLBACKEND": "Agg",
+                  "readable": _readable_paths(), "writable": ["/dev/shm", "/dev/null"]}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
+               "TMPDIR": str(tmp), "MPLCONFIGDIR": str(home / "mpl"), "MPLBACKEND": "Agg",
                "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
                "PYTHONPATH": str(PACKAGE_DIR.parent), "PYTHONWARNINGS": "ignore"}
         try:
             with open(self.workdir / "output.log", "wb") as log:
                 if sandbox_zygote.available():     # forked from a process that imported torch: 2 s sooner
-                    self.process = sandbox_zygote.spawn(config, env, self.workdir, request_r, response_w, log.fileno())
+                    self.process = sandbox_zygote.spawn(config, env, home, request_r, response_w, log.fileno())
                 else:
                     self.process = subprocess.Popen(
                         [sys.executable, "-m", "autograder.sandbox_child", str(request_r), str(response_w),
-                         json.dumps(config)], cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                         json.dumps(config)], cwd=home, env=env, stdin=subprocess.DEVNULL, stdout=log,
                         stderr=subprocess.STDOUT, pass_fds=(request_r, response_w), start_new_session=True)
         finally:
             os.close(request_r)

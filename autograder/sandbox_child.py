@@ -100,7 +100,8 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, options: st
 
 
 def _private_folders(config: dict) -> str:
-    """Its own size-bounded tmpfs on /dev/shm, on its folder and on the judge's scratch path.
+    """Its own size-bounded tmpfs on /dev/shm and on the judge's scratch path, which holds its home and
+    temp folder too (``autograder.scratch``).
 
     Sandboxes graded side by side then share no folder one of them could fill, or leave a file in for
     the next; files it writes live in memory it is charged for; and the judge's own scratch folder (the
@@ -108,13 +109,14 @@ def _private_folders(config: dict) -> str:
     if not _mount("none", "/", None, MS_REC | MS_PRIVATE, None):
         return "shared (" + os.strerror(ctypes.get_errno()) + ")"
     limits = config["limits"]
-    for target, size, mode in (("/dev/shm", limits["shm_bytes"], "1777"), (config["workdir"], limits["disk_bytes"], "700"),
-                               (config["scratch"], limits["disk_bytes"], "700")):
+    for target, size, mode in (("/dev/shm", limits["shm_bytes"], "1777"), (config["scratch"], limits["disk_bytes"], "700")):
         if not _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}"):
             return "shared (" + os.strerror(ctypes.get_errno()) + f" on {target})"
-    for sub in ("tmp", "mpl"):
-        os.mkdir(os.path.join(config["workdir"], sub))
-    os.chdir(config["workdir"])     # the cwd still named the folder under the new mount
+    from autograder.scratch import HOME, TMP
+    home = os.path.join(config["scratch"], HOME)
+    for folder in (home, os.path.join(home, "mpl"), os.path.join(config["scratch"], TMP)):
+        os.mkdir(folder)
+    os.chdir(home)     # the cwd still named the folder under the new mount
     return "private tmpfs"
 
 
@@ -217,8 +219,7 @@ GUARDED_CLASSES = (("torch", "Tensor"), ("numpy", "ndarray"))
 # the check modules' own helpers (a probe that trains a model must not find Adam.step made a no-op).
 CLASSES_OF = ("torch.nn", "torch.optim", "torch.optim.lr_scheduler", "torch.utils.data", "torch.amp",
               *(name for name in GUARDED_MODULES if name.startswith("autograder.")))
-_SKIPPED = {"environ", "__warningregistry__", "_onceregistry", "filters", "_filters_mutated_lock_held",
-            "__slotnames__"}   # copyreg caches this on a class the first time one of its objects is copied
+_SKIPPED = {"environ", "__warningregistry__", "_onceregistry", "filters", "_filters_mutated_lock_held"}
 
 
 class Pristine:
@@ -282,7 +283,10 @@ class Pristine:
             if isinstance(owner, type):
                 # A name added to a class can shadow one it inherits (Adam.zero_grad over Optimizer's):
                 # classes gain none of their own, so every addition goes. Modules do (imports add them).
-                for attr in [a for a in now if a not in names and a not in _SKIPPED]:
+                # Python caches a few plain values on a class when asked (__slotnames__, __annotations__).
+                added = [a for a, v in now.items() if a not in names and a not in _SKIPPED
+                         and not (a.startswith("__") and a.endswith("__") and not callable(v))]
+                for attr in added:
                     changed.append(f"{label}.{attr}")
                     try:
                         delattr(owner, attr)

@@ -18,6 +18,7 @@ import os
 import shutil
 import stat
 
+HOME, TMP = ".sandbox-home", ".sandbox-tmp"   # the sandbox's own, beside the check's folders: never copied
 MAX_BYTES = 256 << 20      # what a sandbox may hand back at once (its tmpfs holds more: it says so)
 MAX_ENTRIES = 10_000
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -90,6 +91,8 @@ def clear(root: str) -> None:
     """Empty ``root`` (kept itself); links inside are removed, never followed."""
     with os.scandir(root) as entries:
         for entry in entries:
+            if entry.name in (HOME, TMP):
+                continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)    # fd-based on Linux: follows no link
             else:
@@ -111,6 +114,8 @@ def _walk(root: str):
             continue
         subdirs = []
         for entry in found:
+            if not rel_dir and entry.name in (HOME, TMP):
+                continue
             rel = os.path.join(rel_dir, entry.name) if rel_dir else entry.name
             try:
                 st = entry.stat(follow_symlinks=False)

@@ -351,6 +351,18 @@ def probe_worker_streams(dataset, worker_init_fn, seed: int, num_workers: int, e
         return {"worker_error": str(exc)}
 
 
+def probe_peek_then_streams(dataset, seed: int, num_workers: int) -> dict:
+    """``dataset[0]`` read in this process, then ``probe_worker_streams`` on the same dataset: one probe,
+    so the first read's effect on the dataset (a generator made there) is what the workers inherit."""
+    try:
+        sample = probe_first_item(dataset, seed)
+    except NotImplementedError:
+        raise
+    except Exception as exc:                 # reported as data: the check words it
+        return {"peek_error": _error_text(exc)}
+    return {"sample": sample, **probe_worker_streams(dataset, None, seed=seed, num_workers=num_workers)}
+
+
 def probe_first_item(dataset, seed: int):
     """``dataset[0]``, read in this process (no worker), as a learner looks at a sample before training.
 
@@ -544,16 +556,16 @@ def check_LazyNoisyDataset_reproducible(LazyNoisyDataset, seed: int = 0, num_wor
 @graded_check("LazyNoisyDataset: looking at a sample first does not hand every worker one generator")
 def check_LazyNoisyDataset_peek(LazyNoisyDataset, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
     dataset = _lazy_dataset(LazyNoisyDataset, size)
-    try:
-        sample = observe(probe_first_item, dataset, seed)  # a look at one item, in the main process
-    except NotImplementedError:
-        raise
-    except Exception as exc:
+    seen = observe(probe_peek_then_streams, dataset, seed, num_workers)  # a look at one item, then workers
+    if "peek_error" in seen:
         raise AssertionError(f"LazyNoisyDataset({size})[0] in the main process (no worker) raised "
-                             f"{_error_text(exc)}. get_worker_info() returns None there.") from None
+                             f"{seen['peek_error']}. get_worker_info() returns None there.")
+    sample = seen["sample"]
     expect(torch.as_tensor(sample).numel() == 2,
            f"LazyNoisyDataset items should hold 2 numbers, but dataset[0] is {sample!r}.")
-    (epoch,) = _streams(dataset, None, "LazyNoisyDataset", seed=seed, num_workers=num_workers)
+    if "worker_error" in seen:
+        raise AssertionError(f"LazyNoisyDataset raised an error inside a DataLoader worker: {seen['worker_error']}")
+    (epoch,) = seen["streams"]
     _expect_workers_differ(
         epoch, "After dataset[0] was read in the main process",
         "The generators were created in the main process on that first read and then copied into every "

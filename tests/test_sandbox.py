@@ -191,7 +191,7 @@ def test_the_sandbox_sees_a_scrubbed_environment(sandbox):
     finally:
         box.close()
         del os.environ["WORKBOOK_SECRET_FOR_TEST"]
-    assert "WORKBOOK_SECRET_FOR_TEST" not in env and env["HOME"] == env["TMPDIR"].rsplit("/", 1)[0]
+    assert "WORKBOOK_SECRET_FOR_TEST" not in env and env["HOME"].rsplit("/", 1)[0] == env["TMPDIR"].rsplit("/", 1)[0]
 
 
 def test_a_sandbox_forked_by_the_zygote_is_confined_like_one_started_afresh(sandbox, monkeypatch):
