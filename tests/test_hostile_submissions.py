@@ -42,6 +42,9 @@ SAYS = {
     "read_the_hidden_tests": "PermissionError",
     "write_outside_its_folder": "PermissionError",
     "network": "Network is unreachable",
+    "swelling_reply": "something unreadable into the grader's channel",
+    "snoop_on_classmates": "processes and [] in /dev/shm",
+    "shadow_a_method_and_silence_the_report": "changed code that the notebook and the grader share",
     "syntax_error": "because its answer cell raised SyntaxError",
     "renamed_function": "the answer cell must define a function or class named exactly `epoch_order`",
 }
@@ -124,6 +127,8 @@ def test_a_classmate_in_the_same_batch_gets_full_marks(graded):
 def test_nothing_was_written_outside_the_sandbox_and_the_gradebook_is_whole(graded):
     course, _ = graded
     assert not ESCAPE.exists() and not (course / "hostile_was_here").exists()
+    assert not Path("/dev/shm/for_the_next_student").exists()
+    assert not any(p.is_symlink() for p in course.rglob("*"))
     with sqlite3.connect(course / "gradebook.db") as db:
         assert db.execute("pragma integrity_check").fetchone() == ("ok",)
         graded_students = {row[0] for row in db.execute("select student_id from submitted_assignment")}
