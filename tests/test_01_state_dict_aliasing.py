@@ -60,6 +60,13 @@ def test_code_that_stops_the_training_after_it_is_named():
     assert "optimizer.step replaced on the instance" in message and "restore_state must only load" in message
 
 
+def test_assign_trap_is_named_with_batchnorm_too():
+    """BatchNorm's running statistics move in every forward pass: they do not show that the optimizer still
+    updates the model's parameters (before, the assign=True trap passed the hidden BatchNorm variant)."""
+    message = failure_of(checks.check_restore_state, impls.restore_assign_aliasing, seed=11, variant="adam_batchnorm")
+    assert "an optimizer step no longer changes the model" in message
+
+
 @pytest.mark.parametrize("change, named", [
     (lambda model, optimizer: setattr(model, "forward", lambda x: x), "model.forward replaced on the instance"),
     (lambda model, optimizer: setattr(model[2], "forward", lambda x: x), "model[2].forward replaced on the instance"),
