@@ -46,6 +46,13 @@ def snapshot_state(model, optimizer):
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 '''
 
+# The same live view, hidden by replacing step on the very optimizer the probe hands it: no shared code changes.
+LIVE_VIEW_WITH_STEP_REPLACED_ON_THE_INSTANCE = '''
+def snapshot_state(model, optimizer):
+    optimizer.step = lambda *args, **kwargs: None
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+'''
+
 COPY = '''
 import copy
 
@@ -87,6 +94,12 @@ def test_a_shadowing_method_and_a_patched_report_path_still_score_zero():
     verdict = _judged(SHADOW_AND_SILENCE_THE_REPORT)
     assert not verdict.passed and verdict.error["ename"] == "SubmissionStopped", verdict
     assert "torch.optim.Adam.zero_grad" in verdict.error["evalue"] or "Adam.step" in verdict.error["evalue"]
+
+
+def test_freezing_training_on_the_objects_the_probe_hands_over_fails_naming_it():
+    verdict = _judged(LIVE_VIEW_WITH_STEP_REPLACED_ON_THE_INSTANCE)
+    assert not verdict.passed and verdict.outside
+    assert "optimizer.step replaced on the instance" in verdict.message
 
 
 def test_consecutive_test_cells_share_the_submissions_names_as_in_a_kernel(monkeypatch):
