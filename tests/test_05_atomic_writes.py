@@ -1,6 +1,8 @@
 """Notebook 05: atomic checkpoint writes. The checks, driven on right and wrong implementations."""
 
 import os
+import select
+import time
 import warnings
 
 import pytest
@@ -138,3 +140,67 @@ def test_each_checkpoint_made_is_its_own_copy():
     assert not checks.same_checkpoint(first, second)
     assert checks.same_checkpoint(second, checks.make_checkpoint(2, layers=2, layer_kib=4, seed=9))
     assert not checks.same_checkpoint(second, checks.make_checkpoint(3, layers=2, layer_kib=4, seed=9))
+
+
+# ---- crash trials end every process a save starts ----------------------------------------------
+
+ISOLATIONS = {"pid namespace": (checks.CLONE_NEWPID,),
+              "user and pid namespaces": (checks.CLONE_NEWUSER | checks.CLONE_NEWPID,),
+              "process group (fallback)": ()}
+
+
+@pytest.fixture(params=list(ISOLATIONS))
+def isolation(request, monkeypatch):
+    """Each way a trial's writer is set apart: the forked trial leader reads PID_NAMESPACE_FLAGS."""
+    monkeypatch.setattr(checks, "PID_NAMESPACE_FLAGS", ISOLATIONS[request.param])
+    return request.param
+
+
+def _reports_who_it_is(obj, path):
+    with open(path, "w") as f:
+        f.write(f"{os.getpid()} {os.getuid()}")
+
+
+def test_each_way_of_isolating_a_writer_works_here(isolation, tmp_path):
+    """Where the machine allows namespaces, the writer really is in one (PID 2, under the init), as itself."""
+    path = tmp_path / "who.pt"
+    assert checks.run_and_kill(_reports_who_it_is, None, str(path), kill_at_bytes=None) == "finished"
+    pid, uid = map(int, path.read_text().split())
+    assert uid == os.getuid()
+    assert (pid == 2) == (isolation != "process group (fallback)")
+
+
+def test_a_grandchild_writer_dies_with_its_trial(isolation):
+    """The writer's grandchild, no longer its descendant once its parent exits, writes the final name in place:
+    it is killed with the trial, so its partial file is what the check finds."""
+    records = checks.crash_trials(impls.atomic_save_grandchild_writer, trials=6, layers=8)
+    assert any(r["outcome"] == "unloadable" for r in records), records
+
+
+def _leaves_a_sleeper(escape):
+    def save(obj, path):
+        torch.save(obj, path)
+        if os.fork() == 0:  # outlives the save, holding the write end of the test's pipe
+            if escape:
+                os.setsid()
+            time.sleep(30)
+            os._exit(0)
+    return save
+
+
+@pytest.mark.parametrize("escape", [False, True], ids=["in the group", "setsid"])
+def test_nothing_a_save_started_outlives_its_trial(isolation, escape, tmp_path):
+    if escape and isolation == "process group (fallback)":
+        pytest.skip("the fallback's known gap: a process that leaves the group escapes it")
+    read_end, write_end = os.pipe()
+    try:
+        save = _leaves_a_sleeper(escape)
+        assert checks.run_and_kill(save, {"w": torch.zeros(4)}, str(tmp_path / "c.pt"), kill_at_bytes=None) == "finished"
+        os.close(write_end)
+        write_end = None
+        # End of file at once: no process holds the write end any more, so the sleeper is gone.
+        assert select.select([read_end], [], [], 2.0)[0] and os.read(read_end, 1) == b""
+    finally:
+        os.close(read_end)
+        if write_end is not None:
+            os.close(write_end)
