@@ -11,6 +11,7 @@ through the very same arithmetic.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import os
 import tempfile
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from .checking import expect, graded_check, observe, require_callable, type_name
+from .complete_checkpoint import run_in_fresh_process
 
 ULPS = 16  # a single Adam step: textbook and PyTorch forms differ by at most a few ulps
 
@@ -241,38 +243,154 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 9, **hp) -> N
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "adam.ckpt")
         result = save_checkpoint(path, w, state)
-        written = [name for name in os.listdir(folder) if os.path.getsize(os.path.join(folder, name)) > 0]
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+        elsewhere = sorted(name for name in os.listdir(folder) if name != os.path.basename(path))
     expect(result is None, f"save_checkpoint returned a {type(result).__name__}; it should write to disk "
                            f"and return None (the checkpoint is the file, not a value in memory).")
-    expect(written, f"save_checkpoint({os.path.basename(path)!r}, w, state) wrote nothing to disk: a "
-                    f"checkpoint kept in memory dies with the process it was meant to survive.")
+    name = os.path.basename(path)
+    expect(size is not None or elsewhere,
+           f"save_checkpoint({name!r}, w, state) wrote nothing to disk: a checkpoint kept in memory dies with "
+           f"the process it was meant to survive.")
+    numpy_suffix = [n for n in elsewhere if n in (name + ".npz", name + ".npy")]
+    expect(size is not None,
+           f"save_checkpoint({name!r}, w, state) wrote no file at `path`, only {', '.join(elsewhere)} next to it"
+           + (": given a file name, np.savez and np.save append .npz or .npy to it. Open the file yourself and "
+              "pass the file object." if numpy_suffix else ". The checkpoint is the file `path`: that is where "
+                                                           "a resume looks for it."))
+    expect(size, f"save_checkpoint({name!r}, w, state) left an empty file at `path`: the weights and the Adam "
+                 f"state must be in it.")
     expect(np.array_equal(w, before[0]) and all(np.array_equal(state[key], before[1][key]) for key in before[1]),
            "Saving changed the weights or the Adam state it was given: save_checkpoint must only read them.")
 
 
-def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, state: dict):
-    """Save ``w`` and ``state`` to ``path`` with the learner's code, overwrite those very arrays, then
-    resume from ``path`` with the learner's code: what the resume returns.
+def _described(exc: BaseException) -> dict:
+    """An exception as data: its type's name, whether it is a builtin, its message (as the sandbox sends it)."""
+    return {"type": type(exc).__name__, "builtin": type(exc).__module__ == "builtins", "message": str(exc)[:4000]}
 
-    Runs where the learner's functions live: a "checkpoint" that only keeps references to the arrays
-    it was given sees the overwriting there, not in the copies the grader keeps."""
-    save_checkpoint(path, w, state)
+
+def _rebuilt(described: dict) -> Exception:
+    """The learner's exception again, from _described: a builtin by its own type, any other by its name."""
+    cls = getattr(builtins, described["type"], None) if described["builtin"] else None
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls is not StopIteration:
+        try:
+            return cls(described["message"])
+        except Exception:  # noqa: BLE001 (e.g. UnicodeDecodeError needs more arguments)
+            pass
+    return type(described["type"], (Exception,), {})(described["message"])
+
+
+def _saving(save_checkpoint, path: str, w: np.ndarray, state: dict):
+    """A task for a fresh process: save, and tell what the save raised (None when nothing)."""
+    def save() -> dict | None:
+        try:
+            save_checkpoint(path, w, state)
+        except Exception as exc:
+            return _described(exc)
+        return None
+    return save
+
+
+def _same(result, w: np.ndarray, state: dict, full: bool = True) -> bool:
+    """Whether a resume's result is (w, state) bitwise, or (``full`` False) has the weights w, bitwise."""
+    try:
+        got_w, got = result
+        if not (np.asarray(got_w).dtype == np.float64 and np.array_equal(np.asarray(got_w), w)):
+            return False
+        return not full or (int(got["t"]) == int(state["t"]) and all(
+            np.asarray(got[key]).dtype == np.float64 and np.array_equal(np.asarray(got[key]), state[key])
+            for key in ("m", "v")))
+    except Exception:  # noqa: BLE001 (anything else than a pair (w, state) is not the same)
+        return False
+
+
+def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, state: dict, full: bool = True,
+                            timeout: float = 20.0) -> dict:
+    """Save ``w`` and ``state`` to ``path`` with the learner's code in a fresh (forked) process, then resume
+    from ``path`` with the learner's code here, in a process that never saw the save: only the file gets
+    through. Returns {"resumed": what the resume returned, "raised": what it raised (see _described) or
+    None, "save_raised": what the save raised or None, "save_died": why the saving process failed or None,
+    "control": None, or, when the resume did not give back what was saved (its weights only, unless ``full``),
+    whether a save and a resume in one and the same fresh process do}.
+
+    Where there is no fork, the save runs here; the arrays it was given are then overwritten before the
+    resume, so that a "checkpoint" that only keeps references to them moves too."""
+    saved_w, saved_state = w.copy(), {key: np.copy(value) for key, value in state.items()}
+    seen = {"resumed": None, "raised": None, "save_raised": None, "save_died": None, "control": None}
+    try:
+        seen["save_raised"] = run_in_fresh_process(_saving(save_checkpoint, path, w, state), timeout)
+    except RuntimeError as exc:  # it died, ran out of time, or ended itself (sys.exit)
+        seen["save_died"] = str(exc)
+    if seen["save_raised"] or seen["save_died"]:
+        return seen
     # Training goes on in the same arrays after a save: a checkpoint that still points at them moves too.
     w[:] = 0.0
     state["m"][:] = 0.0
     state["v"][:] = 0.0
     state["t"] = -1
-    return resume(path)
+    try:
+        seen["resumed"] = resume(path)
+    except Exception as exc:
+        seen["raised"] = _described(exc)
+    if seen["raised"] or not _same(seen["resumed"], saved_w, saved_state, full):
+        def round_trip() -> bool:
+            control = os.path.join(os.path.dirname(path), "control.ckpt")
+            save_checkpoint(control, saved_w.copy(), {key: np.copy(v) for key, v in saved_state.items()})
+            return _same(resume(control), saved_w, saved_state, full)
+        try:
+            seen["control"] = run_in_fresh_process(round_trip, timeout)
+        except RuntimeError:
+            seen["control"] = False
+    return seen
 
 
-def _saved_and_resumed(save_checkpoint, resume, seed: int, k: int, hp: dict, what: str):
-    """Train k reference steps, save and resume them with the learner's code (the probe above);
-    return the problem, what was saved, and the resumed (w, state)."""
+def _not_on_disk(seen: dict, path: str, saved, what: str, full: bool) -> str:
+    """The failure message when a resume from the file alone fails, where a resume in the saving process works."""
+    if seen["raised"]:
+        raised = seen["raised"]
+        message = raised["message"].replace(path, "path").replace(os.path.dirname(path), "its folder")
+        did = f"raised {raised['type']}" + (f": {message}" if message else "")
+    else:
+        did = f"returned {_summary(seen['resumed'], saved, full)}"
+    return (f"The checkpoint was not really on disk: the resume in a fresh process found only the file, and "
+            f"{what}(path) {did} there. Saved and resumed within one process, the same functions give back "
+            f"what was saved: the state went through memory, not through the file. After a crash only the file "
+            f"is left; write everything into it.")
+
+
+def _summary(result, saved, full: bool) -> str:
+    """What a resume returned, against what was saved, in a few words."""
+    w_saved, s_saved = saved
+    try:
+        w, state = result
+        compared = [("weights", w, w_saved)] + ([("m", state["m"], s_saved["m"]), ("v", state["v"], s_saved["v"])]
+                                                if full else [])
+        parts = [f"{name}: {_differs(got, ref)}" for name, got, ref in compared
+                 if not np.array_equal(np.asarray(got), ref)]
+        if full and int(state["t"]) != int(s_saved["t"]):
+            parts.append(f"t = {state['t']} instead of {s_saved['t']}")
+        return f"other values than were saved ({'; '.join(parts)})"
+    except Exception:  # noqa: BLE001
+        return f"a {type_name(result)}, not the pair (w, state) that was saved"
+
+
+def _saved_and_resumed(save_checkpoint, resume, seed: int, k: int, hp: dict, what: str, full: bool = True):
+    """Train k reference steps, save them with the learner's code in a fresh process and resume them with
+    the learner's code in another (the probe above); return the problem, what was saved, and the resumed
+    (w, state)."""
     problem, w, state = _trained(seed, k, hp)
     saved = (w.copy(), {key: np.copy(v) for key, v in state.items()})
     with tempfile.TemporaryDirectory() as folder:
-        result = observe(probe_resume_after_save, save_checkpoint, resume, os.path.join(folder, "adam.ckpt"), w, state)
-    return problem, saved, _resumed(result, problem.w0, what)
+        path = os.path.join(folder, "adam.ckpt")
+        seen = observe(probe_resume_after_save, save_checkpoint, resume, path, w, state, full)
+    if seen["save_died"]:
+        raise AssertionError(f"save_checkpoint, run in a process of its own, did not return: {seen['save_died']}.")
+    if seen["save_raised"]:
+        raise _rebuilt(seen["save_raised"])
+    if seen["control"]:
+        raise AssertionError(_not_on_disk(seen, path, saved, what, full))
+    if seen["raised"]:
+        raise _rebuilt(seen["raised"])
+    return problem, saved, _resumed(seen["resumed"], problem.w0, what)
 
 
 def _resumed(result, like: np.ndarray, what: str):
@@ -326,7 +444,7 @@ def check_resume_from_weights_only(resume_from_weights_only, save_checkpoint, se
     require_callable(save_checkpoint, "save_checkpoint")
     hp = hyper(lr=lr, **hp)
     problem, (w_saved, _), (w, state) = _saved_and_resumed(save_checkpoint, resume_from_weights_only,
-                                                           seed, k, hp, "resume_from_weights_only")
+                                                           seed, k, hp, "resume_from_weights_only", full=False)
     if not np.array_equal(w, w_saved):
         raise AssertionError(f"The weights-only resume did not give back the saved weights ({_differs(w, w_saved)})"
                              + (": they look like what the arrays held after the save, so the checkpoint "

@@ -1,10 +1,13 @@
 """Notebook 02: Adam's bias correction on resume. The checks, driven on right and wrong implementations."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from autograder import adam_resume as checks
+from autograder import complete_checkpoint
 from check_outcomes import failing_checks, failure_of
 from fixtures import adam_resume_impls as impls
 
@@ -145,3 +148,91 @@ def test_a_wrong_default_learning_rate_is_caught_by_the_hidden_call():
     assert failure_of(checks.check_adam_step, adam_step_default_lr_too_high, lr=0.01, beta1=0.85,
                       beta2=0.995) is None
     assert "10 times PyTorch's" in failure_of(checks.check_adam_step, adam_step_default_lr_too_high, seed=3)
+
+
+# ---- only what is on disk gets through: the save runs in a process of its own -------------------
+
+def test_a_checkpoint_kept_in_memory_beside_a_placeholder_is_named():
+    """Something is on disk, and a resume in the saving process finds the arrays: only a resume in another
+    process shows that the file holds nothing."""
+    assert failure_of(checks.check_save_checkpoint, impls.save_placeholder_and_copies) is None
+    for check, resume in ((checks.check_resume_from_full_checkpoint, impls.resume_full_from_copies),
+                          (checks.check_resume_from_weights_only, impls.resume_weights_only_from_copies)):
+        message = failure_of(lambda _: check(resume, impls.save_placeholder_and_copies), None)
+        assert message.startswith("The checkpoint was not really on disk: the resume in a fresh process found")
+        assert "KeyError: 'path'" in message  # the learner's own error, without the made-up folder
+
+
+def test_a_resume_that_reads_other_values_than_were_saved_is_named():
+    """No error, but the values come from memory (the last save this process made), not from the file."""
+    last = {}
+
+    def save(path, w, state):
+        impls.save_npz(path, w, state)
+        last["saved"] = (w.copy(), {k: np.copy(v) for k, v in state.items()})
+
+    def resume(path):
+        w, state = last["saved"]
+        return w.copy(), {k: np.copy(v) for k, v in state.items()}
+
+    last["saved"] = (np.zeros(5), checks.new_adam_state(np.zeros(5)))  # what the notebook's own run left
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(resume, save), None)
+    assert "not really on disk" in message and "returned other values than were saved (weights: max |diff|" in message
+
+
+class CheckpointStorageFull(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error", [ValueError("no space left for the checkpoint"), NotImplementedError(),
+                                   CheckpointStorageFull("quota exceeded")], ids=lambda e: type(e).__name__)
+def test_an_error_of_the_save_reaches_the_learner_as_raised(error):
+    """The save raises in its own process; the learner sees its type and message, as from a save run here
+    (an unanswered exercise still reads as NotImplementedError)."""
+    def save(path, w, state):
+        raise error
+
+    with pytest.raises(Exception) as caught:
+        checks.check_resume_from_full_checkpoint(impls.resume_full_npz, save)
+    assert type(caught.value).__name__ == type(error).__name__ and str(caught.value) == str(error)
+
+
+def test_a_resume_that_fails_by_itself_raises_its_own_error():
+    """Failing in the saving process too, it is a bug of the resume, not a checkpoint kept in memory."""
+    def resume(path):
+        with np.load(path) as saved:
+            return saved["weights"], {}
+
+    with pytest.raises(KeyError, match="weights"):
+        checks.check_resume_from_full_checkpoint(resume, impls.save_npz)
+
+
+def test_a_save_that_ends_its_process_is_reported():
+    def save(path, w, state):
+        os._exit(3)
+
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(impls.resume_full_npz, save), None)
+    assert message.startswith("save_checkpoint, run in a process of its own, did not return")
+
+
+def test_without_fork_the_round_trip_runs_in_one_process(monkeypatch):
+    """Where there is no fork (Windows), the save runs in the checking process: correct formats still pass,
+    and a checkpoint that only keeps references still fails (weaker: copies kept in memory would pass)."""
+    monkeypatch.setattr(complete_checkpoint, "FORK_AVAILABLE", False)
+    assert failing_format_checks(*impls.CORRECT_FORMATS[0]) == set()
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
+        impls.resume_full_in_memory, impls.save_in_memory), None)
+    assert "not really on disk" in message
+
+
+def test_the_checkpoint_is_the_file_at_path(tmp_path):
+    def save_by_name(path, w, state):
+        np.savez(path, w=w, m=state["m"], v=state["v"], t=state["t"])  # writes path + ".npz"
+
+    def save_empty(path, w, state):
+        open(path, "wb").close()
+        impls.save_npz(path + ".real", w, state)
+
+    message = failure_of(checks.check_save_checkpoint, save_by_name)
+    assert "no file at `path`, only adam.ckpt.npz" in message and "append .npz" in message
+    assert "left an empty file at `path`" in failure_of(checks.check_save_checkpoint, save_empty)
