@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import select
 import shutil
 import signal
 import stat
@@ -348,9 +347,11 @@ class _CrashTrials:
     def _event(self, wait: bool = True) -> list[str] | None:
         """The leader's next report, split; None when there is none yet (and not ``wait``); [] at its end."""
         while b"\n" not in self._buffer:
-            if not wait and not select.select([self.events], [], [], 0)[0]:
+            os.set_blocking(self.events, wait)
+            try:
+                chunk = os.read(self.events, 4096)
+            except BlockingIOError:
                 return None
-            chunk = os.read(self.events, 4096)
             if not chunk:
                 return []
             self._buffer += chunk
