@@ -2,10 +2,10 @@
 
 ``torch.save(obj, path)`` opens ``path`` for writing at once: from that moment
 until the last byte lands, the only checkpoint on the load path is a partial
-file. The crash trials fork a child (after torch is imported, so it starts in
-milliseconds), let it save, and SIGKILL it when the directory shows that a given
-share of the checkpoint's bytes has been written; then they try to load what is
-left under the final name. The other checks watch one call of the learner's
+file. The crash trials fork a writer (after torch is imported, so it starts in
+milliseconds), let it save, and SIGKILL it, with every process it started, when the
+directory shows that a given share of the checkpoint's bytes has been written; once
+none of them is left, they try to load what is under the final name. The other checks watch one call of the learner's
 ``atomic_save``: ``os.fsync`` / ``os.fdatasync`` / ``os.replace`` / ``os.rename`` are
 wrapped for the duration of that call, recording what was synced, how many bytes it
 held at that moment, and the order of events.
@@ -110,7 +110,7 @@ def save_directly(obj, path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Crash trials: a forked child saves, the parent SIGKILLs it part-way through the write
+# Crash trials: a forked writer saves, the parent SIGKILLs it (and all it started) part-way through the write
 
 def _bytes_written(directory: str, before: dict) -> int:
     """Largest size among files in ``directory`` that are new or changed since ``before``."""
