@@ -5,10 +5,11 @@ until the last byte lands, the only checkpoint on the load path is a partial
 file. The crash trials fork a writer (after torch is imported, so it starts in
 milliseconds), let it save, and SIGKILL it, with every process it started, when the
 directory shows that a given share of the checkpoint's bytes has been written; once
-none of them is left, they try to load what is under the final name. The other checks watch one call of the learner's
-``atomic_save``: ``os.fsync`` / ``os.fdatasync`` / ``os.replace`` / ``os.rename`` are
-wrapped for the duration of that call, recording what was synced, how many bytes it
-held at that moment, and the order of events.
+none of them is left, they try to load what is under the final name. The other
+checks watch one call of the learner's ``atomic_save``: ``os.fsync`` /
+``os.fdatasync`` / ``os.replace`` / ``os.rename`` are wrapped for the duration of
+that call, recording what was synced, how many bytes it held at that moment, and the
+order of events.
 
 The forking, killing and recording happen in probes, where the learner's code lives
 (in graded mode, the sandbox); they report how each writer ended, or the recorded

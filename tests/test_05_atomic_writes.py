@@ -195,7 +195,8 @@ def test_nothing_a_save_started_outlives_its_trial(isolation, escape, tmp_path):
     read_end, write_end = os.pipe()
     try:
         save = _leaves_a_sleeper(escape)
-        assert checks.run_and_kill(save, {"w": torch.zeros(4)}, str(tmp_path / "c.pt"), kill_at_bytes=None) == "finished"
+        ended = checks.run_and_kill(save, {"w": torch.zeros(4)}, str(tmp_path / "c.pt"), kill_at_bytes=None)
+        assert ended == "finished"
         os.close(write_end)
         write_end = None
         # End of file at once: no process holds the write end any more, so the sleeper is gone.
