@@ -248,7 +248,7 @@ class Judge:
         try:
             # Warnings are ignored, as in the learner's kernel, unless a check records them.
             with contextlib.redirect_stdout(out), sandbox.judge_files_here(), warnings.catch_warnings(), \
-                    _time_limit(self.cell_seconds * 2, exercise_of(grade_id, self.answer_names)):
+                    _time_limit(self.cell_seconds * 2):
                 warnings.simplefilter("ignore")
                 if self.names is None or self.names.sandbox is not sandbox:
                     self.names = SubmissionNames(sandbox)
@@ -291,7 +291,7 @@ def bounded_memory():
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float, exercise: str):
+def _time_limit(seconds: float):
     """A check's own work in the grading process is bounded too (a length, a range it loops over...):
     past ``seconds``, SIGALRM ends the test as a stopped one. Only where signals can be used."""
     if threading.current_thread() is not threading.main_thread():

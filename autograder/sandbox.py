@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 import autograder
-from autograder import sandbox_zygote, scratch, wire
+from autograder import sandbox_child, sandbox_zygote, scratch, wire
 
 PACKAGE_DIR = Path(autograder.__file__).resolve().parent
 MAX_ANSWER_BYTES = 64 << 20     # a reply's JSON (the files a call hands back come apart: autograder.scratch)
@@ -47,7 +47,7 @@ class Limits:
     cpu_seconds: int = 900
     open_files: int = 1024
     memory_total_bytes: int = 6 << 30  # all its processes together, its tmpfs files included (memory cgroup)
-    disk_bytes: int = 1 << 30         # its own folder (a tmpfs), and the same again for the check's scratch
+    disk_bytes: int = 1 << 30         # its tmpfs: home, temp folder and the check's scratch folders
     shm_bytes: int = 512 << 20        # its own /dev/shm (DataLoader workers pass tensors through it)
 
 
@@ -62,7 +62,7 @@ class LearnerError(Exception):
     """An exception raised by submitted code, of a type the judge does not rebuild."""
 
 
-def _learner_exception(described: dict) -> BaseException:
+def learner_exception(described: dict) -> BaseException:
     name, message = described.get("type", "Exception"), described.get("message", "")
     cls = getattr(builtins, name, None) if described.get("builtin") else None
     if isinstance(cls, type) and issubclass(cls, Exception) and cls is not StopIteration:
@@ -150,7 +150,7 @@ class Sandbox:
         request_r, self._request_w = os.pipe()
         self._response_r, response_w = os.pipe()
         config = {"limits": dataclasses.asdict(self.limits), "cgroup": self._cgroup,
-                  "workdir": str(self.workdir), "scratch": str(self.scratch),
+                  "scratch": str(self.scratch),
                   "readable": _readable_paths(), "writable": ["/dev/shm", "/dev/null"]}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
                "TMPDIR": str(tmp), "MPLCONFIGDIR": str(home / "mpl"), "MPLBACKEND": "Agg",
@@ -228,7 +228,7 @@ class Sandbox:
         """Send one request; return its decoded value or raise the learner's exception."""
         answer = self.raw_request(op, *args, timeout=timeout)
         if "raised" in answer:
-            raise _learner_exception(answer["raised"]) from None
+            raise learner_exception(answer["raised"]) from None
         return self.decode(answer.get("value"))
 
     def raw_request(self, op: str, *args, timeout: float | None = None) -> dict:
@@ -250,10 +250,11 @@ class Sandbox:
             timeout = self.cell_seconds if self.deadline is None else self.deadline - time.monotonic()
         answer = self._receive(time.monotonic() + max(timeout, 0.1))
         self.tampered += answer.get("tampered", [])
-        if handing:
+        if handing:      # the sandbox holds our copy now, or it handed back its own
             if "scratch" in answer:
                 scratch.unpack(str(self.scratch), answer.pop("scratch"), answer.pop("$blobs"))
-            self._synced = scratch.fingerprint(str(self.scratch))
+                now = scratch.fingerprint(str(self.scratch))
+            self._synced = now
         return answer
 
     def call(self, ref: int, args: tuple, kwargs: dict):
@@ -275,7 +276,7 @@ class Sandbox:
         if "died" in answer:      # the probe's own process ended; the sandbox is still there
             raise SandboxDied(str(answer["died"]))
         if "raised" in answer:
-            raise _learner_exception(answer["raised"]) from None
+            raise learner_exception(answer["raised"]) from None
         for message in answer.get("warnings", []):
             warnings.warn(str(message), UserWarning, stacklevel=3)   # as if the call had warned here
         return self.decode(answer.get("value"))
@@ -341,11 +342,9 @@ class Sandbox:
             self.process.wait()
 
     def _died(self) -> SandboxDied:
-        code = self.process.wait() if self.process is not None else None
-        if code is not None and code > 128:
-            name = signal.Signals(code - 128).name if code - 128 in signal.valid_signals() else code - 128
-            return SandboxDied(f"the process running it was killed by {name}")
-        return SandboxDied(f"it ended the process running it (exit code {code}), as os._exit or a crash does")
+        if self.process is None:
+            return SandboxDied("the sandbox is not running")
+        return SandboxDied(sandbox_child.ending(self.process.wait()))
 
 
 def warm_up() -> None:
@@ -416,6 +415,8 @@ def _remove_cgroups(groups: dict[str, str]) -> None:
 
 def _remove_cgroup(path: Path) -> None:
     for _ in range(100):          # its processes may take a moment to be reaped
+        if not path.exists():     # never made (mkdir failed), or gone
+            return
         try:
             path.rmdir()
             return

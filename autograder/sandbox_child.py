@@ -77,13 +77,18 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
+def map_ids_to_self(uid: int, gid: int) -> None:
+    """In a new user namespace: this user and group are themselves there (and no other group)."""
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
 def _namespaces() -> str:
     uid, gid = os.getuid(), os.getgid()
     if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) != 0:
         return "off (" + os.strerror(ctypes.get_errno()) + ")"
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    map_ids_to_self(uid, gid)
     # The new network namespace has only a loopback device, down: bring it up (gloo demos use it).
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         request = struct.pack("16sH", b"lo", 0)
@@ -179,10 +184,14 @@ def confine_init(config: dict, report: dict) -> None:
 
 # ---- the two small parents: this process and the namespace's init -----------------------------------
 
-def _exit_like(status: int) -> None:
-    """Exit with the child's code; a death by signal N becomes code 128 + N."""
+def exit_code(status: int) -> int:
+    """A child's exit code as a parent passes it on: a death by signal N becomes 128 + N."""
     code = os.waitstatus_to_exitcode(status)
-    os._exit(128 - code if code < 0 else code)
+    return 128 - code if code < 0 else code
+
+
+def _exit_like(status: int) -> None:
+    os._exit(exit_code(status))
 
 
 def _init(serve, config: dict, report: dict) -> None:
@@ -190,7 +199,6 @@ def _init(serve, config: dict, report: dict) -> None:
     it) when it ends."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     confine_init(config, report)
-    _SANDBOX_PROC["own"] = report["proc"] == "own"
     server = os.fork()
     if server == 0:
         serve()
@@ -370,16 +378,14 @@ class Server:
             (size,) = struct.unpack(">Q", _read_exactly(self.request_fd, 8))
             op, *args = self.unpickle(_read_exactly(self.request_fd, size))
             self.tampered.clear()        # in place: the server's own names must keep their ids
-            blobs = []
             try:
                 answer = getattr(self, "op_" + op)(*args)
-                if answer is None:                # a probe's process has answered itself
+                if answer is None:                # a fork has answered, with the files it read
                     continue
-                answer, blobs = answer if isinstance(answer, tuple) else (answer, [])
             except BaseException as exc:          # noqa: BLE001 (the submission's exception is the answer)
-                answer = {"raised": _describe(exc)}
+                answer = {"raised": describe_exception(exc)}
             answer["tampered"] = _list(self.tampered[:12])
-            self.send(answer, blobs)
+            self.send(answer)
 
     def submitted(self, run):
         """Run a submitted cell, then undo any change it made to shared code (and note it)."""
@@ -414,7 +420,7 @@ class Server:
             try:
                 self.submitted(lambda: exec(compile(source, label, "exec"), self.namespace))
             except BaseException as exc:     # noqa: BLE001
-                return {"raised": _describe(exc), "stdout": out.getvalue()[-4000:]}
+                return {"raised": describe_exception(exc), "stdout": out.getvalue()[-4000:]}
         return {"value": None, "stdout": out.getvalue()[-4000:]}
 
     def op_probe(self, module: str, name: str, blob: bytes, scratch=None):
@@ -429,10 +435,8 @@ class Server:
         pid = os.fork()
         if pid == 0:
             self._probe_child(probe, args, kwargs, scratch)
-        status = os.waitpid(pid, 0)[1]
-        if os.waitstatus_to_exitcode(status) == 0:
-            return None
-        return {"died": _ending(status)}
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        return None if code == 0 else {"died": ending(code)}
 
     def _probe_child(self, probe, args, kwargs, scratch) -> None:
         try:
@@ -443,16 +447,21 @@ class Server:
                 result, given = self.submitted(lambda: _recording_warnings(lambda: probe(*args, **kwargs)))
                 answer = {"value": _detached(self.encode, result), "warnings": given}
             except BaseException as exc:          # noqa: BLE001
-                answer = {"raised": _describe(exc)}
-            stopped = _stop_the_others()           # nothing of the sandbox runs while its files are read
-            try:
-                answer, blobs = self._give_scratch(answer, before)
-                answer["tampered"] = _list(left + self.tampered)[:12]
-                self.send(answer, blobs)
-            finally:
-                _continue(stopped)
+                answer = {"raised": describe_exception(exc)}
+            self._send_with_files(answer, before, left)
         finally:
             os._exit(0)
+
+    def _send_with_files(self, answer: dict, before: list, tampered: list = ()) -> None:
+        """In a fork: send ``answer`` with the scratch folder's changes since ``before``, read while every
+        other process of the sandbox (the server and its threads included) is stopped."""
+        stopped = _stop_the_others(self.report.get("proc") == "own")
+        try:
+            answer, blobs = self._give_scratch(answer, before)
+            answer["tampered"] = _list([*tampered, *self.tampered])[:12]
+            self.send(answer, blobs)
+        finally:
+            _continue(stopped)
 
     def _take_scratch(self, scratch) -> list:
         """Make the scratch folder hold what the judge's copy holds (when it changed); its fingerprint."""
@@ -500,45 +509,24 @@ class Server:
             result, given = _recording_warnings(lambda: self.handles[ref](*args, **kwargs))
             answer = {"value": self.encode(result), "warnings": given}
         except BaseException as exc:              # noqa: BLE001 (its files may still have changed)
-            answer = {"raised": _describe(exc)}
+            answer = {"raised": describe_exception(exc)}
         if "raised" not in answer:
             answer["changed"] = []
             for key, value in mutable:
                 after = self.encode(value)
                 if json.dumps(after) != before[key]:
                     answer["changed"].append([key, after])
-        return self._files_read_apart(answer, before_files)
-
-    def _files_read_apart(self, answer: dict, before: list):
-        """The scratch folder's changes, read in a fork while the rest of the sandbox (this process and its
-        threads included) is stopped; they travel back through a memory file."""
         from autograder import scratch as files
-        if files.fingerprint(self.scratch) == before:
+        if files.fingerprint(self.scratch) == before_files:
             return answer
-        memory = os.memfd_create("scratch", os.MFD_CLOEXEC)
-        try:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    stopped = _stop_the_others()
-                    try:
-                        reply, blobs = self._give_scratch({}, before)
-                        _send(memory, reply, blobs)
-                    finally:
-                        _continue(stopped)
-                finally:
-                    os._exit(0)
-            os.waitpid(pid, 0)
-            os.lseek(memory, 0, os.SEEK_SET)
-            with os.fdopen(os.dup(memory), "rb") as f:
-                reply = json.loads(f.read(struct.unpack(">Q", f.read(8))[0]))
-                blobs = [f.read(struct.unpack(">Q", f.read(8))[0]) for _ in range(sum(1 for e in reply.get("scratch", ())
-                                                                                     if e[1] == "file"))]
-        finally:
-            os.close(memory)
-        if "raised" in reply:
-            return reply
-        return dict(answer, scratch=reply.get("scratch", [])), blobs
+        pid = os.fork()            # its files changed: a fork sends them with the answer, as a probe's does
+        if pid == 0:
+            try:
+                self._send_with_files(answer, before_files)
+            finally:
+                os._exit(0)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        return None if code == 0 else {"died": ending(code)}
 
 
 # Bound at import, before any submitted code: the answer's way out uses nothing a submission can patch
@@ -566,18 +554,22 @@ def _detached(encode, value):
     return wire.encode(value, refuse)
 
 
-def _ending(status: int) -> str:
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        return f"the process running it was killed by {signal.Signals(-code).name}"
+def ending(code: int) -> str:
+    """How the process running submitted code ended, for the learner: ``code`` as subprocess gives it
+    (-N for a death by signal N) or as our parents pass it on (128 + N, see _exit_like)."""
+    if code < 0 or code > 128:
+        signum = -code if code < 0 else code - 128
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else signum
+        return f"the process running it was killed by {name}"
     return f"it ended the process running it (exit code {code}), as os._exit or a crash does"
 
 
-def _stop_the_others() -> list[int]:
+def _stop_the_others(own_proc: bool) -> list[int]:
     """SIGSTOP every other process of this sandbox (its own /proc lists only them); the stopped pids.
+    Without a /proc of its own nothing is stopped (it would list the machine's processes).
 
     Scanned until a pass finds none left running: a process may fork before its stop lands."""
-    if not _own_proc_mounted():
+    if not own_proc:
         return []
     me, stopped = os.getpid(), []
     for _ in range(200):
@@ -604,14 +596,6 @@ def _stop_the_others() -> list[int]:
     return stopped
 
 
-def _own_proc_mounted() -> bool:
-    """True in a sandbox whose init mounted a /proc of its own: it lists this sandbox's processes only."""
-    return _SANDBOX_PROC.get("own", False)
-
-
-_SANDBOX_PROC: dict = {}
-
-
 def _continue(stopped: list[int]) -> None:
     for pid in stopped:
         try:
@@ -635,7 +619,8 @@ def _is_mutable_data(value) -> bool:
     return type(value) in (dict, list) or isinstance(value, (np.ndarray, torch.Tensor))
 
 
-def _describe(exc: BaseException) -> dict:
+def describe_exception(exc: BaseException) -> dict:
+    """An exception as data (``autograder.sandbox.learner_exception`` makes it again on the other side)."""
     try:
         message = str(exc)[:4000]
     except BaseException:      # noqa: BLE001 (a submission's exception may fail even to print)

@@ -126,11 +126,11 @@ def test_a_fork_bomb_hits_the_ceiling_and_everything_it_started_dies_with_the_sa
                                 "        time.sleep(0.01)", "<bomb>")
         assert time.monotonic() - before < 15
     finally:
-        workdir = str(box.workdir)
+        scratch = str(box.scratch)       # named in a sandbox's command line (its config)
         box.close()
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", "autograder.sandbox_child"], capture_output=True, text=True).stdout.split()
-    survivors = [pid for pid in left if workdir in open(f"/proc/{pid}/cmdline").read().replace("\0", " ")]
+    survivors = [pid for pid in left if scratch in open(f"/proc/{pid}/cmdline").read().replace("\0", " ")]
     assert survivors == []
 
 
