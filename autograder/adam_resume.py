@@ -11,7 +11,6 @@ through the very same arithmetic.
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import os
 import tempfile
@@ -21,6 +20,8 @@ import torch
 
 from .checking import expect, graded_check, observe, require_callable, type_name
 from .complete_checkpoint import run_in_fresh_process
+from .sandbox import learner_exception
+from .sandbox_child import describe_exception
 
 ULPS = 16  # a single Adam step: textbook and PyTorch forms differ by at most a few ulps
 
@@ -263,29 +264,13 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 9, **hp) -> N
            "Saving changed the weights or the Adam state it was given: save_checkpoint must only read them.")
 
 
-def _described(exc: BaseException) -> dict:
-    """An exception as data: its type's name, whether it is a builtin, its message (as the sandbox sends it)."""
-    return {"type": type(exc).__name__, "builtin": type(exc).__module__ == "builtins", "message": str(exc)[:4000]}
-
-
-def _rebuilt(described: dict) -> Exception:
-    """The learner's exception again, from _described: a builtin by its own type, any other by its name."""
-    cls = getattr(builtins, described["type"], None) if described["builtin"] else None
-    if isinstance(cls, type) and issubclass(cls, Exception) and cls is not StopIteration:
-        try:
-            return cls(described["message"])
-        except Exception:  # noqa: BLE001 (e.g. UnicodeDecodeError needs more arguments)
-            pass
-    return type(described["type"], (Exception,), {})(described["message"])
-
-
 def _saving(save_checkpoint, path: str, w: np.ndarray, state: dict):
     """A task for a fresh process: save, and tell what the save raised (None when nothing)."""
     def save() -> dict | None:
         try:
             save_checkpoint(path, w, state)
         except Exception as exc:
-            return _described(exc)
+            return describe_exception(exc)
         return None
     return save
 
@@ -307,7 +292,7 @@ def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, s
                             timeout: float = 20.0) -> dict:
     """Save ``w`` and ``state`` to ``path`` with the learner's code in a fresh (forked) process, then resume
     from ``path`` with the learner's code here, in a process that never saw the save: only the file gets
-    through. Returns {"resumed": what the resume returned, "raised": what it raised (see _described) or
+    through. Returns {"resumed": what the resume returned, "raised": what it raised (see sandbox_child.describe_exception) or
     None, "save_raised": what the save raised or None, "save_died": why the saving process failed or None,
     "control": None, or, when the resume did not give back what was saved (its weights only, unless ``full``),
     whether a save and a resume in one and the same fresh process do}.
@@ -330,7 +315,7 @@ def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, s
     try:
         seen["resumed"] = resume(path)
     except Exception as exc:
-        seen["raised"] = _described(exc)
+        seen["raised"] = describe_exception(exc)
     if seen["raised"] or not _same(seen["resumed"], saved_w, saved_state, full):
         def round_trip() -> bool:
             control = os.path.join(os.path.dirname(path), "control.ckpt")
@@ -385,11 +370,11 @@ def _saved_and_resumed(save_checkpoint, resume, seed: int, k: int, hp: dict, wha
     if seen["save_died"]:
         raise AssertionError(f"save_checkpoint, run in a process of its own, did not return: {seen['save_died']}.")
     if seen["save_raised"]:
-        raise _rebuilt(seen["save_raised"])
+        raise learner_exception(seen["save_raised"])
     if seen["control"]:
         raise AssertionError(_not_on_disk(seen, path, saved, what, full))
     if seen["raised"]:
-        raise _rebuilt(seen["raised"])
+        raise learner_exception(seen["raised"])
     return problem, saved, _resumed(seen["resumed"], problem.w0, what)
 
 

@@ -42,6 +42,7 @@ except ImportError:  # Windows
     fcntl = None
 
 from .checking import expect, graded_check, load_written, observe, require_callable
+from .sandbox_child import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
 
 CHECKPOINT_SUFFIX = ".pt"
 TEMP_SUFFIX = ".tmp"
@@ -162,11 +163,9 @@ def _child_saves(save, obj, path) -> None:
 # Where no PID namespace can be made (macOS; kernels or distributions without unprivileged user namespaces)
 # only the writer's process group is killed, and waited for until /proc shows none of it running. That
 # fallback is weaker: a process that calls setsid() or setpgid() leaves the group, and escapes.
-CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 # What the trial leader tries, in order: a PID namespace alone (where it is privileged in its user
 # namespace, as in the sandbox), else with a user namespace of its own. Empty: the process-group fallback.
 PID_NAMESPACE_FLAGS = (CLONE_NEWPID, CLONE_NEWUSER | CLONE_NEWPID)
-PR_SET_PDEATHSIG = 1
 
 
 def _own_pid_namespace():
@@ -188,18 +187,9 @@ def _own_pid_namespace():
     else:
         return None
     if flags & CLONE_NEWUSER:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-            try:  # best effort: unmapped, the writer still acts as this user, but calls itself nobody
-                with open(f"/proc/self/{name}", "w") as f:
-                    f.write(text)
-            except OSError:
-                break
+        with contextlib.suppress(OSError):  # best effort: unmapped, the writer still acts as this user, as nobody
+            map_ids_to_self(uid, gid)
     return libc
-
-
-def _exit_code(status: int) -> int:
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code  # a death by signal N becomes 128 + N
 
 
 def _namespace_init(libc, done: int) -> None:
@@ -298,7 +288,7 @@ def _trial_leader(save, obj, paths: list, commands: int, events: int, done: int)
                 status = os.waitpid(writer, 0)[1]
                 if not init:
                     _end_group(writer)
-                os.write(events, f"exited {_exit_code(status)}\n".encode())
+                os.write(events, f"exited {exit_code(status)}\n".encode())
         code = 0
     except BaseException:
         pass
