@@ -405,10 +405,14 @@ def run_and_kill(save, obj, path, kill_at_bytes: int | None, timeout: float = 20
         return trials.run(0, kill_at_bytes, timeout)
 
 
-def probe_killed_saves(save, obj, kills: list) -> list[str]:
+def probe_killed_saves(save, obj, kills: list, old: str) -> list[str]:
     """For each (path, kill_at_bytes): how a forked ``save(obj, path)`` ended, SIGKILLed (with every process
-    it started) once ``kill_at_bytes`` were on disk (see run_and_kill). What it left on disk is the check's
-    to read."""
+    it started) once ``kill_at_bytes`` were on disk (see run_and_kill), over a copy of the file ``old`` put
+    at path first. What it left on disk is the check's to read.
+
+    The copies are made here: in graded mode only ``old`` travels into the sandbox, not one per trial."""
+    for path, _ in kills:
+        shutil.copyfile(old, path)  # the good checkpoint the save replaces
     with _CrashTrials(save, obj, [path for path, _ in kills]) as trials:
         return [trials.run(i, kill_at_bytes) for i, (_, kill_at_bytes) in enumerate(kills)]
 
@@ -438,9 +442,8 @@ def crash_trials(save, trials: int = 10, seed: int = 0, layers: int = 8, workdir
         for i, fraction in enumerate(fractions):
             path = os.path.join(root, f"trial{i:02d}", "checkpoint.pt")
             os.mkdir(os.path.dirname(path))
-            shutil.copyfile(os.path.join(root, "old.pt"), path)  # the good checkpoint the save replaces
             kills.append((path, int(fraction * len(known["new"]))))
-        endings = observe(probe_killed_saves, save, new, kills)
+        endings = observe(probe_killed_saves, save, new, kills, os.path.join(root, "old.pt"))
         records = []
         for i, ((path, _), fraction, ended) in enumerate(zip(kills, fractions, endings)):
             outcome, detail = classify(path, old, new, known)
