@@ -9,9 +9,8 @@ from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.converters import Autograde
 from nbgrader.preprocessors import Execute, GetGrades
 
-from autograder.nbgrader_feedback import RedactHiddenTests
-from autograder.nbgrader_judge import JudgeInSandbox
-from autograder.notebook_runner import DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS
+from autograder.contract import DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS
+from autograder.grading.nbgrader_plugins import JudgeInSandbox, RedactHiddenTests
 
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
@@ -25,7 +24,7 @@ c.Execute.timeout = DEFAULT_CELL_TIMEOUT
 c.Execute.extra_arguments = KERNEL_EXTRA_ARGUMENTS
 
 # Trusted grading: autograde runs the submission in a sandbox and takes each test cell's verdict from
-# the judge, not from a kernel the submission controls (autograder/judge.py; threat model in the README).
+# the judge, not from a kernel the submission controls (autograder/grading/judge.py; threat model in docs/grading.md).
 # nbgrader's own list, with JudgeInSandbox in place of Execute.
 c.Autograde.autograde_preprocessors = [JudgeInSandbox if step is Execute else step
                                        for step in Autograde.class_traits()["autograde_preprocessors"].default()]

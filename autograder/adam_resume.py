@@ -20,8 +20,8 @@ import torch
 
 from .checking import expect, graded_check, observe, require_callable, type_name
 from .complete_checkpoint import run_in_fresh_process
-from .sandbox import learner_exception
-from .sandbox_child import describe_exception
+from .grading.sandbox import learner_exception
+from .grading.server import describe_exception
 
 ULPS = 16  # a single Adam step: textbook and PyTorch forms differ by at most a few ulps
 
@@ -292,7 +292,7 @@ def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, s
                             timeout: float = 20.0) -> dict:
     """Save ``w`` and ``state`` to ``path`` with the learner's code in a fresh (forked) process, then resume
     from ``path`` with the learner's code here, in a process that never saw the save: only the file gets
-    through. Returns {"resumed": what the resume returned, "raised": what it raised (see sandbox_child.describe_exception) or
+    through. Returns {"resumed": what the resume returned, "raised": what it raised (see grading.server.describe_exception) or
     None, "save_raised": what the save raised or None, "save_died": why the saving process failed or None,
     "control": None, or, when the resume did not give back what was saved (its weights only, unless ``full``),
     whether a save and a resume in one and the same fresh process do}.

@@ -42,7 +42,7 @@ except ImportError:  # Windows
     fcntl = None
 
 from .checking import expect, graded_check, load_written, observe, require_callable
-from .sandbox_child import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
+from .grading.confine import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
 
 CHECKPOINT_SUFFIX = ".pt"
 TEMP_SUFFIX = ".tmp"

@@ -74,7 +74,7 @@ def observe(probe: Callable, *args, **kwargs):
     there, the sandbox's untouched copy of it, and the check judges what comes back in the
     grading process, against references computed there.
     """
-    from autograder.sandbox import RemoteObject   # only graded mode has proxies; imported late
+    from autograder.grading.sandbox import RemoteObject   # only graded mode has proxies; imported late
     remote = [v for v in (*args, *kwargs.values()) if isinstance(v, RemoteObject)]
     if not remote:
         return probe(*args, **kwargs)

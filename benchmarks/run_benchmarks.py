@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import nbformat  # noqa: E402
 
-from autograder.notebook_runner import KERNEL_EXTRA_ARGUMENTS, nbgrader_meta  # noqa: E402
+from autograder.contract import KERNEL_EXTRA_ARGUMENTS, nbgrader_meta  # noqa: E402
 from workbook import tool_env  # noqa: E402  (the same environment as the README's commands)
 
 OUT = ROOT / "artifacts" / "benchmarks" / "benchmarks.json"
@@ -217,7 +217,7 @@ def bench_grading(paths: list[Path], students: int, jobs: list[int], repeats: in
                         if run.returncode:
                             say(f"    nbgrader autograde {assignment} failed: {run.stderr[-500:]}")
                 else:
-                    subprocess.run([sys.executable, "-m", "autograder.class_grading", *assignments, "--course",
+                    subprocess.run([sys.executable, "-m", "autograder.commands.grade", *assignments, "--course",
                                     str(course), "--jobs", str(workers), "--no-summary"],
                                    cwd=ROOT, env=tool_env(), capture_output=True, text=True)
                 seconds.append(time.perf_counter() - start)

@@ -62,7 +62,7 @@ def make_course_copy(target: Path) -> Path:
 
 def _filled_in(course: Path, name: str):
     """The student notebook with every answer cell taken from the solution (what the classroom shows)."""
-    from autograder.classroom import filled_in_notebook
+    from autograder.commands.demo import filled_in_notebook
 
     student = nbformat.read(str(course / "notebooks" / name / f"{name}.ipynb"), as_version=4)
     solution = nbformat.read(str(course / "solutions" / name / f"{name}.ipynb"), as_version=4)

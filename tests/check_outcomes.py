@@ -4,11 +4,11 @@ import contextlib
 import io
 
 
-def failure_of(check, implementation, **kwargs):
+def failure_of(check, implementation, *others, **kwargs):
     """None when the check passes, else its AssertionError message. Other errors propagate."""
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            check(implementation, **kwargs)
+            check(implementation, *others, **kwargs)
     except AssertionError as exc:
         return str(exc) or "(empty message)"
     return None

@@ -186,7 +186,7 @@ def test_a_kernel_that_started_the_rank_server_shuts_down_by_itself():
     # ignores SIGTERM, so without rank_server's hook the kernel was SIGTERMed by its manager 2.5 s later.
     from jupyter_client.manager import start_new_kernel
 
-    from autograder.notebook_runner import KERNEL_EXTRA_ARGUMENTS
+    from autograder.contract import KERNEL_EXTRA_ARGUMENTS
     manager, client = start_new_kernel(kernel_name="python3", extra_arguments=KERNEL_EXTRA_ARGUMENTS,
                                        cwd=str(Path(__file__).resolve().parents[1]))
     try:

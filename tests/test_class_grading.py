@@ -21,7 +21,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder import class_grading
-from autograder.class_summary import (CRASHED, MISSING, NOT_ANSWERED, UNGRADABLE, failure_kind, summarize)
+from autograder.commands.class_summary import (CRASHED, MISSING, NOT_ANSWERED, UNGRADABLE, failure_kind, summarize)
 from notebook_files import (ROOT, fill_answers, nbgrader_cell, nbgrader_in_process, new_course, run_nbgrader,
                             source_notebook, submit)
 
@@ -188,7 +188,7 @@ def test_hang_crash_and_malformed_each_get_their_own_error(by_workbook_grade):
     assert "ended the process running it (exit code 1)" in status["crash"][1]
     assert status["hang"][0] == "graded" and "cell 2: this cell was stopped" in status["hang"][1]
     assert f"time limit ({CELL_TIMEOUT} s for a cell)" in status["hang"][1]
-    assert status["malformed"][0] == "failed" and "not a readable notebook" in status["malformed"][1]
+    assert status["malformed"][0] == "failed" and "could not be read as a notebook" in status["malformed"][1]
     assert all(status[s] == ("graded", "") for s in NBGRADER_CAN_GRADE if s not in ("hang", "crash"))
 
 
@@ -243,7 +243,7 @@ def test_interrupted_run_then_rerun_matches_a_clean_run(blank_course, tmp_path, 
     course = copy_course(blank_course, tmp_path, students)
     arguments = [NAME, "--course", str(course), "--jobs", "1", "--timeout", str(CELL_TIMEOUT), "--no-summary"]
     record = course / "class_reports" / NAME / "grading.json"
-    started = subprocess.Popen([sys.executable, "-m", "autograder.class_grading", *arguments], cwd=ROOT,
+    started = subprocess.Popen([sys.executable, "-m", "autograder.commands.grade", *arguments], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not record.exists() and time.monotonic() < deadline and started.poll() is None:

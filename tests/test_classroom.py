@@ -6,7 +6,8 @@ import nbformat
 import pytest
 
 from autograder import classroom
-from autograder.notebook_runner import SOLUTIONS_DIR, nbgrader_meta
+from autograder.contract import nbgrader_meta
+from autograder.course import SOLUTIONS_DIR
 
 ASSIGNMENTS = sorted(p.name for p in SOLUTIONS_DIR.iterdir() if (p / f"{p.name}.ipynb").exists())
 EMBEDDED_PNG = re.compile(r'<img[^>]*src="data:image/png;base64,')

@@ -15,7 +15,8 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder import class_grading
-from autograder.notebook_runner import grade_notebook, nbgrader_meta
+from autograder.commands.check import grade_notebook
+from autograder.contract import nbgrader_meta
 from fixtures import hostile_submissions as catalog
 from notebook_files import ROOT, fill_answers, new_course, nbgrader_in_process, run_nbgrader, solution_answers, submit
 from test_class_grading import built_once, own_copy

@@ -28,8 +28,8 @@ import test_07_distributed_sampler as t07
 import test_08_commit_boundary as t08
 from autograder import (adam_resume, atomic_writes, commit_boundary, complete_checkpoint, data_ledger,
                         distributed_sampler, start_here, state_dict_aliasing, worker_seeding)
-from autograder.judge import JUDGED_OUTSIDE, judged_outside
-from autograder.sandbox import Sandbox
+from autograder.grading.judge import JUDGED_OUTSIDE, judged_outside
+from autograder.grading.sandbox import Sandbox
 from check_outcomes import failure_of
 from fixtures import (adam_resume_impls, atomic_writes_impls, commit_boundary_impls, complete_checkpoint_impls,
                       data_ledger_impls, distributed_sampler_impls, start_here_impls, state_dict_aliasing_impls,

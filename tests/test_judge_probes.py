@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 
 from autograder import complete_checkpoint
-from autograder.judge import judge_notebook
+from autograder.grading.judge import judge_notebook
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 

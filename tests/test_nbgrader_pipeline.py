@@ -78,7 +78,7 @@ def test_wrong_submission_loses_exactly_the_aliasing_checks(course):
 
 
 def test_gradebook_agrees_with_the_self_check(course):
-    from autograder.notebook_runner import grade_notebook
+    from autograder.commands.check import grade_notebook
     for student in ("correct", "wrong", "untouched"):
         result = grade_notebook(course / "submitted" / student / NAME / f"{NAME}.ipynb")
         assert {t.grade_id: t.points for t in result.tests} == cell_scores(course, student)

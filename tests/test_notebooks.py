@@ -2,7 +2,8 @@
 
 import pytest
 
-from autograder.notebook_runner import grade_notebook, is_test_cell
+from autograder.commands.check import grade_notebook
+from autograder.contract import is_test_cell
 from notebook_files import RELEASED, SOLUTIONS, graded_notebooks
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from autograder import wire
-from autograder.sandbox import Limits, RemoteObject, Sandbox, SandboxDied
+from autograder.grading import wire
+from autograder.grading.sandbox import Limits, RemoteObject, Sandbox, SandboxDied
 from notebook_files import ROOT
 
 
@@ -129,7 +129,7 @@ def test_a_fork_bomb_hits_the_ceiling_and_everything_it_started_dies_with_the_sa
         scratch = str(box.scratch)       # named in a sandbox's command line (its config)
         box.close()
     time.sleep(0.5)
-    left = subprocess.run(["pgrep", "-f", "autograder.sandbox_child"], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", "autograder.grading"], capture_output=True, text=True).stdout.split()
     survivors = [pid for pid in left if scratch in open(f"/proc/{pid}/cmdline").read().replace("\0", " ")]
     assert survivors == []
 
@@ -176,7 +176,7 @@ def test_a_probe_runs_as_it_was_before_any_submitted_code(sandbox):
 
 
 def test_only_probes_of_the_check_modules_run_as_probes(sandbox):
-    for module, name in (("autograder.sandbox_child", "zygote"), ("autograder.state_dict_aliasing", "_Run"),
+    for module, name in (("autograder.grading.zygote", "zygote"), ("autograder.state_dict_aliasing", "_Run"),
                          ("os", "system")):
         with pytest.raises(LookupError):
             sandbox.request("probe", module, name, sandbox.pickle(((), {})))
@@ -195,7 +195,7 @@ def test_the_sandbox_sees_a_scrubbed_environment(sandbox):
 
 
 def test_a_sandbox_forked_by_the_zygote_is_confined_like_one_started_afresh(sandbox, monkeypatch):
-    from autograder import sandbox_zygote
+    from autograder.grading import zygote as sandbox_zygote
     if not sandbox_zygote.available():
         pytest.skip("no zygote on this platform: every sandbox starts afresh")
     assert isinstance(sandbox.process, sandbox_zygote.Child)
@@ -208,7 +208,7 @@ def test_a_sandbox_forked_by_the_zygote_is_confined_like_one_started_afresh(sand
 
 
 def test_graders_forked_later_share_the_zygote_and_see_their_sandbox_end():
-    from autograder import sandbox, sandbox_zygote
+    from autograder.grading import sandbox, zygote as sandbox_zygote
     if not sandbox_zygote.available():
         pytest.skip("no zygote on this platform")
     sandbox.warm_up()
@@ -277,7 +277,7 @@ for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in mine
             reached.append(f'pidfd_getfd {fd}')
         os.close(pidfd)
 """)
-    from autograder import sandbox_zygote
+    from autograder.grading import zygote as sandbox_zygote
     if not isinstance(sandbox.process, sandbox_zygote.Child):
         pytest.skip("no zygote on this platform")
     if sandbox.confinement.get("proc") == "own":     # its own /proc: no other process is even listed
@@ -290,7 +290,7 @@ for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in mine
 def test_sandboxes_forked_once_the_zygote_idled_have_torch_dynamo_imported_already(sandbox):
     # torch.optim imports torch._dynamo on an optimizer's first step (1.3 s). The zygote imports it once,
     # while no request waits, so that every later sandbox of a class grading skips it.
-    from autograder import sandbox_zygote
+    from autograder.grading import zygote as sandbox_zygote
     if not sandbox_zygote.available():
         pytest.skip("no zygote on this platform")
     deadline = time.monotonic() + 60

@@ -8,7 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.notebook_runner import grade_notebook, score_test_cell
+from autograder.commands.check import grade_notebook
+from autograder.contract import score_test_cell
 from notebook_files import ROOT, fill_answers, solution_answers
 
 NAME = "01_state_dict_aliasing"

@@ -1,194 +1,31 @@
 """The sandbox's side: confine this process, then run what the judge asks, and nothing else.
 
-Started by ``autograder.sandbox.Sandbox`` as ``python -m autograder.sandbox_child REQ RESP CONFIG``,
-or forked by the zygote (``--zygote``, see ``autograder.sandbox_zygote``) and then run the same way.
-Before any submitted code exists here, this process (trusted code) confines itself:
-
-1. joins its own pids cgroup (or lowers RLIMIT_NPROC): a fork bomb hits a ceiling;
-2. resource limits: address space (memory bombs get MemoryError), file size, CPU time, open files;
-3. new user, network and PID namespaces: no network but its own loopback, and every process it
-   starts dies with it;
-4. Landlock: it may read the Python installation and the ``autograder`` package, and write
-   only its working directory and /dev/shm. The course folder (solutions with hidden tests,
-   the gradebook, other students' submissions) is out of reach.
-
-Each step that the machine does not support is skipped and reported to the judge.
-Then a tiny init (PID 1 of the namespace) starts the server process, which runs cells and
-calls in a fresh ``__main__`` module and answers in ``autograder.wire`` JSON.
+Started by ``autograder.grading.sandbox.Sandbox`` as ``python -m autograder.grading.server REQ RESP
+CONFIG``, or forked by the zygote (``autograder.grading.zygote``) and then run the same way. It confines
+itself first (``autograder.grading.confine``); then a tiny init (PID 1 of the namespace) starts the
+server process, which runs cells and calls in a fresh ``__main__`` module and answers in
+``autograder.grading.wire`` JSON.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-import ctypes
-import fcntl
 import io
 import json
 import os
 import pickle
-import resource
 import signal
-import socket
 import struct
 import sys
 import types
 import warnings
 
-_libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS = 0x10000000, 0x40000000, 0x20000000, 0x00020000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-# Landlock filesystem rights, by ABI version (include/uapi/linux/landlock.h).
-_LANDLOCK_ABI_RIGHTS = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1, 5: (1 << 16) - 1}
-_READ = 1 | 4 | 8  # EXECUTE | READ_FILE | READ_DIR
-
-
-# ---- confinement (runs before any submitted code) ------------------------------------------------
-
-def _join_cgroups(groups: dict) -> dict:
-    for path in groups.values():
-        with open(os.path.join(path, "cgroup.procs"), "w") as procs:
-            procs.write(str(os.getpid()))
-    return {"processes": "cgroup" if "pids" in groups else "off", "memory": "cgroup" if "memory" in groups else "off"}
-
-
-def _set_limits(limits: dict, cgroup: str) -> None:
-    for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_FSIZE", limits["file_bytes"]),
-                        ("RLIMIT_CPU", limits["cpu_seconds"]), ("RLIMIT_NOFILE", limits["open_files"]),
-                        ("RLIMIT_CORE", 0)):
-        resource.setrlimit(getattr(resource, name), (value, value))
-    if cgroup == "off" and os.geteuid() != 0:
-        # Without a cgroup the cap counts all of this user's processes, so leave room for the ones running.
-        mine = sum(1 for entry in os.listdir("/proc") if entry.isdigit() and _owner(entry) == os.getuid())
-        cap = mine + limits["processes"]
-        resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
-
-
-def _owner(pid: str) -> int:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return -1
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def map_ids_to_self(uid: int, gid: int) -> None:
-    """In a new user namespace: this user and group are themselves there (and no other group)."""
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
-
-
-def _namespaces() -> str:
-    uid, gid = os.getuid(), os.getgid()
-    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) != 0:
-        return "off (" + os.strerror(ctypes.get_errno()) + ")"
-    map_ids_to_self(uid, gid)
-    # The new network namespace has only a loopback device, down: bring it up (gloo demos use it).
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH", b"lo", 0)
-        flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, request))[1]          # SIOCGIFFLAGS
-        fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 0x1))              # SIOCSIFFLAGS |= IFF_UP
-    return "user+net+pid+mount"
-
-
-def _mount(source: str, target: str, fstype: str | None, flags: int, options: str | None) -> bool:
-    mount = _libc.mount
-    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    return mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
-                 options.encode() if options else None) == 0
-
-
-def _private_folders(config: dict) -> str:
-    """Its own size-bounded tmpfs on /dev/shm and on the judge's scratch path, which holds its home and
-    temp folder too (``autograder.scratch``).
-
-    Sandboxes graded side by side then share no folder one of them could fill, or leave a file in for
-    the next; files it writes live in memory it is charged for; and the judge's own scratch folder (the
-    same path outside) is hidden: the judge only ever sees copies of what the submission wrote there."""
-    if not _mount("none", "/", None, MS_REC | MS_PRIVATE, None):
-        return "shared (" + os.strerror(ctypes.get_errno()) + ")"
-    limits = config["limits"]
-    for target, size, mode in (("/dev/shm", limits["shm_bytes"], "1777"), (config["scratch"], limits["disk_bytes"], "700")):
-        if not _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}"):
-            return "shared (" + os.strerror(ctypes.get_errno()) + f" on {target})"
-    from autograder.scratch import HOME, TMP
-    home = os.path.join(config["scratch"], HOME)
-    for folder in (home, os.path.join(home, "mpl"), os.path.join(config["scratch"], TMP)):
-        os.mkdir(folder)
-    os.chdir(home)     # the cwd still named the folder under the new mount
-    return "private tmpfs"
-
-
-def _own_proc() -> str:
-    """In the namespace's init: a /proc that shows this sandbox's processes only (no other command lines)."""
-    if not _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None):
-        return "shared (" + os.strerror(ctypes.get_errno()) + ")"
-    return "own"
-
-
-def _landlock(readable: list[str], writable: list[str]) -> str:
-    syscall = _libc.syscall
-    syscall.restype = ctypes.c_long
-    abi = syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))               # landlock_create_ruleset: ABI
-    if abi < 1:
-        return "off (Landlock unavailable)"
-    handled = _LANDLOCK_ABI_RIGHTS[min(abi, 5)]
-    attr = struct.pack("Q", handled)
-    ruleset = syscall(444, ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
-    if ruleset < 0:
-        return "off (" + os.strerror(ctypes.get_errno()) + ")"
-    for paths, rights in ((readable, _READ), (writable, handled)):
-        for path in paths:
-            if not os.path.exists(path):
-                continue
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            try:
-                granted = rights     # a file takes only the rights that apply to files (this one, not the next)
-                if not os.path.isdir(path):
-                    granted &= 1 | 2 | 4 | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
-                rule = struct.pack("=Qi", granted, fd)
-                if syscall(445, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0)):
-                    raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
-            finally:
-                os.close(fd)
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    if syscall(446, ctypes.c_int(ruleset), ctypes.c_uint32(0)):
-        return "off (" + os.strerror(ctypes.get_errno()) + ")"
-    os.close(ruleset)
-    return f"Landlock ABI {abi}"
-
-
-def confine(config: dict) -> dict:
-    """Everything but Landlock and /proc, which the namespace's init sets up (``_init``)."""
-    report = _join_cgroups(config.get("cgroup") or {})
-    _set_limits(config["limits"], report["processes"])
-    if report["processes"] == "off" and os.geteuid() != 0:
-        report["processes"] = "RLIMIT_NPROC"
-    report["namespaces"] = _namespaces()
-    report["folders"] = _private_folders(config) if report["namespaces"].startswith("user") else "shared"
-    return report
-
-
-def confine_init(config: dict, report: dict) -> None:
-    """In PID 1 of the new namespace: its own /proc, then Landlock (after which nothing can be mounted)."""
-    report["proc"] = _own_proc() if report["namespaces"].startswith("user") else "shared"
-    # The scratch path holds its own tmpfs here; without one it is the judge's folder itself (weaker).
-    report["filesystem"] = _landlock(config["readable"], config["writable"] + [config["scratch"]])
+from autograder.course import CHECK_MODULES, CHECK_SUPPORT
+from autograder.grading.confine import PR_SET_PDEATHSIG, _libc, confine, confine_init, exit_code
 
 
 # ---- the two small parents: this process and the namespace's init -----------------------------------
-
-def exit_code(status: int) -> int:
-    """A child's exit code as a parent passes it on: a death by signal N becomes 128 + N."""
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
-
 
 def _exit_like(status: int) -> None:
     os._exit(exit_code(status))
@@ -217,11 +54,10 @@ def _init(serve, config: dict, report: dict) -> None:
 GUARDED_MODULES = ("builtins", "math", "random", "operator", "functools", "itertools", "collections", "io", "json",
                    "base64", "struct", "os", "hashlib", "pickle", "contextlib", "warnings", "numpy", "numpy.random",
                    "numpy.testing", "torch", "torch.nn", "torch.nn.functional", "torch.optim", "torch.utils.data",
-                   "torch.testing", "autograder.wire", "autograder.checking", "autograder.helpers",
-                   "autograder.start_here", "autograder.state_dict_aliasing", "autograder.adam_resume",
-                   "autograder.complete_checkpoint", "autograder.worker_seeding", "autograder.atomic_writes",
-                   "autograder.data_ledger", "autograder.distributed_sampler", "autograder.commit_boundary",
-                   "autograder.sandbox_child", "autograder.scratch")
+                   "torch.testing", *CHECK_SUPPORT, *CHECK_MODULES,
+                   # the engine's own code that runs here
+                   "autograder.grading.wire", "autograder.grading.scratch", "autograder.grading.server",
+                   "autograder.grading.confine")
 GUARDED_CLASSES = (("torch", "Tensor"), ("numpy", "ndarray"))
 # ... and every class these modules hold: the models, optimizers and loaders a probe trains with, and
 # the check modules' own helpers (a probe that trains a model must not find Adam.step made a no-op).
@@ -353,7 +189,7 @@ class Server:
         return {"$ref": key, "type": type(obj).__qualname__[:100], "callable": callable(obj)}
 
     def encode(self, value):
-        from autograder import wire
+        from autograder.grading import wire
         return wire.encode(value, self.reference)
 
     def unpickle(self, blob: bytes):
@@ -478,14 +314,14 @@ class Server:
 
     def _take_scratch(self, scratch) -> list:
         """Make the scratch folder hold what the judge's copy holds (when it changed); its fingerprint."""
-        from autograder import scratch as files
+        from autograder.grading import scratch as files
         if scratch is not None:
             files.unpack(self.scratch, *scratch)
         return files.fingerprint(self.scratch)
 
     def _give_scratch(self, answer: dict, before: list) -> tuple[dict, list[bytes]]:
         """``answer`` with the scratch folder's contents when they changed since ``before``."""
-        from autograder import scratch as files
+        from autograder.grading import scratch as files
         if files.fingerprint(self.scratch) == before:
             return answer, []
         try:
@@ -535,7 +371,7 @@ class Server:
         """``answer`` as it is when the scratch folder did not change since ``before``; otherwise it is sent
         here with the files (None: sent), from a fork while the rest of the sandbox is stopped where
         anything else of it runs."""
-        from autograder import scratch as files
+        from autograder.grading import scratch as files
         if files.fingerprint(self.scratch) == before:
             return answer
         if self._alone():          # nothing else runs that could change them while they are read
@@ -572,7 +408,7 @@ def _detached(encode, value):
     """A probe's result as data: what it made dies with its process, so no reference may leave."""
     def refuse(obj):
         raise TypeError(f"a probe returned a {type(obj).__name__}, which is not data")
-    from autograder import wire
+    from autograder.grading import wire
     return wire.encode(value, refuse)
 
 
@@ -642,7 +478,7 @@ def _is_mutable_data(value) -> bool:
 
 
 def describe_exception(exc: BaseException) -> dict:
-    """An exception as data (``autograder.sandbox.learner_exception`` makes it again on the other side)."""
+    """An exception as data (``autograder.grading.sandbox.learner_exception`` makes it again on the other side)."""
     try:
         message = str(exc)[:4000]
     except BaseException:      # noqa: BLE001 (a submission's exception may fail even to print)
@@ -652,7 +488,7 @@ def describe_exception(exc: BaseException) -> dict:
 
 def run(request_fd: int, response_fd: int, config: dict) -> None:
     report = confine(config)
-    import autograder.wire  # noqa: F401  (import torch and numpy once, before the fork)
+    import autograder.grading.wire  # noqa: F401  (import torch and numpy once, before the fork)
     server = Server(request_fd, response_fd, report, config["scratch"])
     init = os.fork()
     if init == 0:
@@ -662,116 +498,5 @@ def run(request_fd: int, response_fd: int, config: dict) -> None:
     _exit_like(os.waitpid(init, 0)[1])
 
 
-# ---- the zygote: sandboxes forked from a process that has imported torch already ----------------------
-
-def zygote(control_fd: int) -> None:
-    """Serve ``autograder.sandbox_zygote``: fork one sandbox per request, and send back its pidfd,
-    then its exit code when it ends. Runs no submitted code itself: only its children do, after ``run``
-    has confined them, so it saves each sandbox the 2 s of importing torch. Ends when every grading
-    process has closed its end of the control socket, or when the one that started it dies."""
-    import selectors
-
-    import autograder.wire  # noqa: F401  (torch and numpy, for every child)
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
-        os._exit(0)
-    control = socket.socket(fileno=control_fd)
-    watch = selectors.DefaultSelector()
-    watch.register(control, selectors.EVENT_READ)
-    dynamo_imported = False
-    while True:
-        ready = watch.select(timeout=None if dynamo_imported else 0)
-        if not ready:                             # only before the warm-up: no request is waiting
-            _import_dynamo()
-            dynamo_imported = True
-            continue
-        for key, _ in ready:
-            if key.fileobj is control:
-                try:
-                    message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
-                except OSError:
-                    continue
-                if not message and not fds:
-                    os._exit(0)                   # no grader holds the other end any more
-                started = _fork_sandbox(message, fds)
-                if started is not None:
-                    watch.register(started[1], selectors.EVENT_READ, started)
-            else:
-                pid, pidfd, reply = key.data
-                watch.unregister(pidfd)
-                os.close(pidfd)
-                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                try:
-                    reply.sendall(f"{code}\n".encode())
-                except OSError:
-                    pass
-                reply.close()
-
-
-def _import_dynamo() -> None:
-    """Import torch._dynamo here, once, for every sandbox forked afterwards.
-
-    torch.optim imports it on an optimizer's first step (1.3 s: sympy and the compiler's tables), so
-    each notebook that trains would pay it again. Imported while the zygote idles, after the first
-    sandbox is on its way: a lone self-check waits for none of it, a class grading gains it per
-    submission. It starts no thread, so forking stays as safe as before.
-    """
-    try:
-        import torch._dynamo  # noqa: F401
-    except Exception:
-        pass    # a warm-up only: a sandbox imports it itself if it needs it
-
-
-def _fork_sandbox(message: bytes, fds: list[int]) -> tuple[int, int, socket.socket] | None:
-    if len(fds) != 4:
-        for fd in fds:
-            os.close(fd)
-        return None
-    request_fd, response_fd, log_fd, reply_fd = fds
-    reply = socket.socket(fileno=reply_fd)
-    try:
-        spec = json.loads(message)
-    except ValueError:
-        spec = None
-    if not isinstance(spec, dict):
-        for fd in fds[:3]:
-            os.close(fd)
-        reply.close()
-        return None
-    pid = os.fork()
-    if pid == 0:
-        try:
-            # What subprocess.Popen did for a sandbox started on its own: new session, its folder,
-            # its environment, stdin from /dev/null and output to its log; no other descriptor.
-            os.setsid()
-            os.chdir(spec["cwd"])
-            os.environ.clear()
-            os.environ.update(spec["env"])
-            import tempfile
-            tempfile.tempdir = None
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
-            low, high = sorted((request_fd, response_fd))
-            os.closerange(3, low)
-            os.closerange(low + 1, high)
-            os.closerange(high + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-            run(request_fd, response_fd, spec["config"])
-        finally:
-            os._exit(70)
-    for fd in fds[:3]:
-        os.close(fd)
-    pidfd = os.pidfd_open(pid)
-    try:
-        socket.send_fds(reply, [b"%d\n" % pid], [pidfd])
-    except OSError:
-        pass
-    return pid, pidfd, reply
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "--zygote":
-        zygote(int(sys.argv[2]))
-    else:
-        run(int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3]))
+    run(int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3]))

@@ -1,10 +1,10 @@
 """A confined process for a submission's code, driven from the judge (the grading process).
 
 The judge sends requests (pickled: the judge is trusted, so the sandbox may unpickle what
-it sends) and reads answers in ``autograder.wire`` JSON (it never unpickles what the
+it sends) and reads answers in ``autograder.grading.wire`` JSON (it never unpickles what the
 sandbox wrote). Every request has a deadline; past it, or when the sandbox dies, the
 whole sandbox (every process it started) is killed and the caller gets ``SandboxDied``
-with a message for the learner. How the sandbox confines itself: ``sandbox_child``.
+with a message for the learner. How the sandbox confines itself: ``confine``; its side of the conversation: ``server``.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 import autograder
-from autograder import sandbox_child, sandbox_zygote, scratch, wire
+from autograder.grading import scratch, server, wire
+from autograder.grading import zygote as sandbox_zygote
 
 PACKAGE_DIR = Path(autograder.__file__).resolve().parent
-MAX_ANSWER_BYTES = 64 << 20     # a reply's JSON (the files a call hands back come apart: autograder.scratch)
+MAX_ANSWER_BYTES = 64 << 20     # a reply's JSON (the files a call hands back come apart: autograder.grading.scratch)
 _SYSTEM_READABLE = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev", "/opt"]
 
 
@@ -128,7 +128,7 @@ class Sandbox:
         self.limits = limits
         self.cell_seconds = cell_seconds
         self.workdir: Path | None = None
-        self.scratch: Path | None = None   # the judge's own folder for a check's files (see autograder.scratch)
+        self.scratch: Path | None = None   # the judge's own folder for a check's files (see autograder.grading.scratch)
         self._synced: list = []            # the scratch folder as the sandbox last saw it
         self.process: subprocess.Popen | sandbox_zygote.Child | None = None
         self.confinement: dict = {}
@@ -162,7 +162,7 @@ class Sandbox:
                     self.process = sandbox_zygote.spawn(config, env, home, request_r, response_w, log.fileno())
                 else:
                     self.process = subprocess.Popen(
-                        [sys.executable, "-m", "autograder.sandbox_child", str(request_r), str(response_w),
+                        [sys.executable, "-m", "autograder.grading.server", str(request_r), str(response_w),
                          json.dumps(config)], cwd=home, env=env, stdin=subprocess.DEVNULL, stdout=log,
                         stderr=subprocess.STDOUT, pass_fds=(request_r, response_w), start_new_session=True)
         finally:
@@ -344,7 +344,7 @@ class Sandbox:
     def _died(self) -> SandboxDied:
         if self.process is None:
             return SandboxDied("the sandbox is not running")
-        return SandboxDied(sandbox_child.ending(self.process.wait()))
+        return SandboxDied(server.ending(self.process.wait()))
 
 
 def warm_up() -> None:

@@ -1,20 +1,35 @@
-"""Run a notebook the way the grader does and score its test cells.
+"""``workbook-check``: grade my notebook, the way the grader will.
 
-Used by the self-check command and the test suite. It mirrors ``nbgrader
-autograde``: test cells are restored from the released notebook, each cell runs
-with a time limit in a fresh kernel, and every test cell is scored by nbgrader's
-own rule (``determine_grade``). On top of that it survives what a learner's code can do
-to a kernel: a cell that loops forever or kills the kernel costs that cell, the
-kernel is restarted, earlier good cells are replayed, and grading goes on.
+It mirrors ``nbgrader autograde``: test cells are restored from the released notebook, each cell
+runs with a time limit in a fresh kernel, and every test cell is scored by nbgrader's own rule. On
+top of that it survives what a learner's code can do to a kernel: a cell that loops forever or
+kills the kernel costs that cell, the kernel is restarted, earlier good cells are replayed, and
+grading goes on.
+
+    workbook-check                      # every notebook in notebooks/
+    workbook-check 01                   # notebooks whose name starts with 01
+    workbook-check path/to/mine.ipynb   # one file
+    workbook-check --json 01            # machine-readable, schema below
+
+Exit status 0 only when every test cell of every notebook checked passed.
+
+JSON schema (``"schema": "workbook-check/1"``)::
+
+    {"schema": "workbook-check/1", "passed": bool, "score": float, "max_score": float,
+     "notebooks": [{"path": str, "assignment": str, "score": float, "max_score": float,
+                    "passed": bool, "error": str | null,
+                    "tests": [{"grade_id": str, "exercise": str, "points": float,
+                               "max_points": float, "passed": bool, "message": str}]}]}
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
-import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,21 +37,11 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RELEASE_DIR = REPO_ROOT / "notebooks"
-SOLUTIONS_DIR = REPO_ROOT / "solutions"
+from autograder.contract import (DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS, exercise_of, failure_message,
+                                 is_answer_cell, is_test_cell, nbgrader_meta, read_notebook, score_test_cell)
+from autograder.course import RELEASE_DIR, SOLUTIONS_DIR, matching
 
-DEFAULT_CELL_TIMEOUT = 60  # seconds; the slowest cell of any notebook is far below this
-
-# Library warnings are not errors: keep them out of graded output (nbgrader
-# scores any stderr in a test cell as zero). nbgrader_config.py uses the same list.
-KERNEL_EXTRA_ARGUMENTS = [
-    "--HistoryManager.hist_file=:memory:",
-    "--IPKernelApp.log_level=ERROR",  # no start-up chatter on the terminal
-    "--InteractiveShellApp.exec_lines=import warnings; warnings.simplefilter('ignore')",
-]
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SCHEMA = "workbook-check/1"
 
 
 @dataclasses.dataclass
@@ -84,27 +89,6 @@ class NotebookResult:
         }
 
 
-def nbgrader_meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
-
-
-def is_test_cell(cell) -> bool:
-    meta = nbgrader_meta(cell)
-    return bool(meta.get("grade")) and not meta.get("solution") and cell.get("cell_type") == "code"
-
-
-def is_answer_cell(cell) -> bool:
-    meta = nbgrader_meta(cell)
-    return bool(meta.get("solution")) and cell.get("cell_type") == "code"
-
-
-def exercise_of(test_grade_id: str, exercise_names: set[str]) -> str:
-    """``test_restore_state_twice`` belongs to ``restore_state``: the longest matching name."""
-    stem = test_grade_id.removeprefix("test_")
-    matches = [n for n in exercise_names if stem == n or stem.startswith(n + "_")]
-    return max(matches, key=len) if matches else stem
-
-
 def reference_notebook(path: Path) -> Path | None:
     """The released notebook a submission was made from, found by its file name."""
     for root in (RELEASE_DIR, SOLUTIONS_DIR):
@@ -112,17 +96,6 @@ def reference_notebook(path: Path) -> Path | None:
         if candidate.exists() and candidate.resolve() != path.resolve():
             return candidate
     return None
-
-
-def _read_notebook(path: Path):
-    try:
-        nb = nbformat.read(str(path), as_version=4)
-    except Exception as exc:  # not JSON, not a notebook, unreadable
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return None, f"{path.name} could not be read as a notebook ({first_line[:200]})"
-    if not isinstance(nb.get("cells"), list):
-        return None, f"{path.name} is not a notebook: it has no list of cells"
-    return nb, None
 
 
 def _zero_all(reference, path: Path, message: str) -> NotebookResult:
@@ -234,49 +207,14 @@ class CellRunner:
                 break
 
 
-def score_test_cell(cell) -> tuple[float, float]:
-    """(points, max points) of a test cell by nbgrader's rule (``nbgrader.utils.determine_grade``):
-    zero when it shows an error or writes to stderr, else full marks. Importing nbgrader takes
-    over a second, so it is imported only for a cell with a result that could be a partial grade."""
-    max_points = float(nbgrader_meta(cell)["points"])
-    for output in cell.outputs:
-        if output.output_type == "error" or (output.output_type == "stream" and output.get("name") == "stderr"):
-            return 0.0, max_points
-        if output.output_type == "execute_result":
-            from nbgrader.utils import determine_grade
-            points, max_points = determine_grade(cell)
-            return float(points or 0), float(max_points)
-    return max_points, max_points
-
-
-def failure_message(cell, exercise: str, answer_names: set[str]) -> str:
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "error":
-            ename, evalue = output.get("ename", "Error"), _ANSI.sub("", output.get("evalue", ""))
-            if ename == "NotImplementedError":
-                return f"not answered yet: the answer cell for `{exercise}` still raises NotImplementedError"
-            if ename == "NameError" and f"'{exercise}'" in evalue:
-                if exercise in answer_names:
-                    return (f"`{exercise}` is not defined: the answer cell must define a function "
-                            f"or class named exactly `{exercise}` (was it renamed, or did the cell fail?)")
-                return f"the answer cell for `{exercise}` is missing from the notebook (was it deleted?)"
-            if ename == "CellTimeoutError":
-                return evalue or "this cell ran out of time"
-            return f"{ename}: {evalue}" if evalue else ename
-        if output.get("output_type") == "stream" and output.get("name") == "stderr":
-            text = _ANSI.sub("", output.get("text", "")).strip().splitlines()
-            return "the cell wrote to stderr, which the grader scores as zero: " + (text[0] if text else "")
-    return ""
-
-
 def grade_notebook(path: str | Path, timeout: int = DEFAULT_CELL_TIMEOUT,
                    reference: str | Path | None = None) -> NotebookResult:
     """Execute ``path`` in a fresh kernel and score its test cells. Never raises for bad input."""
     path = Path(path)
     ref_path = Path(reference) if reference else reference_notebook(path)
-    ref_nb = _read_notebook(ref_path)[0] if ref_path else None
+    ref_nb = read_notebook(ref_path)[0] if ref_path else None
 
-    nb, problem = _read_notebook(path)
+    nb, problem = read_notebook(path)
     if nb is None:
         if ref_nb is None:
             return NotebookResult(str(path), path.stem, [], error=problem)
@@ -321,3 +259,65 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_CELL_TIMEOUT,
                                     "this test cell is missing from the notebook: get a fresh copy of it "
                                     "from the released notebook"))
     return NotebookResult(str(path), path.stem, tests, executed=nb)
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+def find_notebooks(selectors: list[str], root: Path = RELEASE_DIR) -> list[Path]:
+    """Files named on the command line, or released notebooks whose name starts with a selector."""
+    released = {nb.stem: nb for nb in sorted(root.glob("*/*.ipynb"))}
+    found: list[Path] = []
+    for selector in selectors or [None]:
+        if selector is not None and (selector.endswith(".ipynb") or Path(selector).exists()):
+            found.append(Path(selector))
+        else:
+            found += [released[name] for name in matching([selector] if selector else [], list(released),
+                                                          "workbook-check")]
+    return found
+
+
+def format_table(result: NotebookResult) -> str:
+    lines = [f"{result.assignment}: {result.score:g} / {result.max_score:g} points"]
+    if result.error:
+        lines.append(f"  problem: {result.error}")
+    width = max([len(t.grade_id) for t in result.tests] + [7])
+    lines.append(f"  {'grade_id':<{width}}  points  message")
+    for t in result.tests:
+        mark = "ok" if t.passed else "FAILED"
+        score = f"{t.points:g}/{t.max_points:g}"
+        message = t.message if not t.passed else ""
+        lines.append(f"  {t.grade_id:<{width}}  {score:>6}  {mark}{'  ' + message if message else ''}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workbook-check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", help="notebook files, or name prefixes such as 01 (default: all)")
+    parser.add_argument("--json", action="store_true", help="print results as JSON (schema workbook-check/1)")
+    parser.add_argument("--timeout", type=int, default=DEFAULT_CELL_TIMEOUT, help="seconds allowed per cell")
+    args = parser.parse_args(argv)
+
+    results = []
+    for path in find_notebooks(args.notebooks):
+        result = grade_notebook(path, timeout=args.timeout)
+        results.append(result)
+        if not args.json:
+            print(format_table(result), flush=True)
+            print()
+    passed = bool(results) and all(r.passed for r in results)
+    if args.json:
+        print(json.dumps({
+            "schema": SCHEMA,
+            "passed": passed,
+            "score": sum(r.score for r in results),
+            "max_score": sum(r.max_score for r in results),
+            "notebooks": [r.to_json() for r in results],
+        }, indent=2))
+    else:
+        total = sum(r.score for r in results), sum(r.max_score for r in results)
+        print(f"{'all passed' if passed else 'not all passed'}: {total[0]:g} / {total[1]:g} points")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

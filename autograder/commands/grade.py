@@ -22,7 +22,7 @@ Only the scheduling differs:
   writer wait instead of failing with "database is locked". A submission that still
   fails on the database is graded again (``--retries``).
 * With this course's nbgrader_config.py, nbgrader's Autograde runs the trusted judge
-  (``autograder.judge``): a cell that hangs or ends its sandbox is stopped and skipped,
+  (``autograder.grading.judge``): a cell that hangs or ends its sandbox is stopped and skipped,
   the cells before and after keep their scores, and the report names what was stopped.
   With a config that still uses nbgrader's kernel Execute, a submission whose kernel
   dies, or that hangs beyond what an interrupt can stop, is graded a second time with a
@@ -64,9 +64,12 @@ from nbgrader.converters import Autograde
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Integer
 
-from . import sandbox
-from .nbgrader_judge import JudgeInSandbox
-from .notebook_runner import DEFAULT_CELL_TIMEOUT, CellRunner
+from autograder.contract import DEFAULT_CELL_TIMEOUT, read_notebook, with_tools_on_path
+from autograder.course import matching
+from autograder.grading import sandbox
+from autograder.grading.nbgrader_plugins import JudgeInSandbox
+
+from .check import CellRunner
 
 SQLITE_BUSY_TIMEOUT = 120  # seconds a writer waits for the gradebook before "database is locked"
 INTERRUPT_GRACE = 10  # seconds a child gets to clean up after SIGINT before it is killed
@@ -142,14 +145,7 @@ def _autograde(job: SubmissionJob, robust: bool) -> int:
 
 
 def _unreadable(path: Path) -> str | None:
-    try:
-        nb = nbformat.read(str(path), as_version=4)
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return f"{path.name} is not a readable notebook ({first[:160]})"
-    if not isinstance(nb.get("cells"), list):
-        return f"{path.name} is not a notebook: it has no list of cells"
-    return None
+    return read_notebook(path)[1]
 
 
 def submitted_notebooks(course: Path, assignment: str, student: str) -> list[Path]:
@@ -401,16 +397,7 @@ def course_settings(course: Path) -> dict:
 
 def find_assignments(course: Path, selectors: list[str]) -> list[str]:
     submitted = sorted({p.name for p in (course / "submitted").glob("*/*") if p.is_dir()})
-    if not selectors:
-        return submitted
-    chosen = []
-    for selector in selectors:
-        matches = [a for a in submitted if a == selector] or [a for a in submitted if a.startswith(selector)]
-        if not matches:
-            raise SystemExit(f"workbook-grade: no submissions of an assignment matching {selector!r} in "
-                             f"{course / 'submitted'} (found: {', '.join(submitted) or 'none'})")
-        chosen += [m for m in matches if m not in chosen]
-    return chosen
+    return matching(selectors, submitted, "workbook-grade", f" among the submissions in {course / 'submitted'}")
 
 
 def submission_fingerprint(course: Path, assignment: str, student: str, source_dir: str, cell_timeout: int) -> str:
@@ -531,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (course / "nbgrader_config.py").exists():
         raise SystemExit(f"workbook-grade: {course} has no nbgrader_config.py: is it the course folder?")
     # nbgrader shells out to `alembic` for a new gradebook: our environment's bin/ must come first.
-    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    os.environ.update(with_tools_on_path())
     settings = course_settings(course)
     from .class_summary import summarize, write_summary  # matplotlib only when needed
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import nbformat
 from nbgrader.api import Gradebook, MissingEntry
 
-from .notebook_runner import exercise_of, failure_message, is_answer_cell, is_test_cell, nbgrader_meta
+from autograder.contract import exercise_of, failure_message, is_answer_cell, is_test_cell, nbgrader_meta
 
 NOT_ANSWERED = "not answered (the answer cell still raises NotImplementedError)"
 MISSING = "answer cell missing or its name changed"

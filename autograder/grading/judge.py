@@ -9,7 +9,7 @@ restored from the instructor's source, hidden tests included) and:
    only what depends on it;
 2. runs each test cell that calls the check modules in ``JUDGED_OUTSIDE`` here, in the
    grading process. The submission's names are proxies: every call goes into the sandbox
-   and only data comes back (``autograder.wire``), so nothing the submission does there
+   and only data comes back (``autograder.grading.wire``), so nothing the submission does there
    (patching ``torch.equal``, replacing ``autograder`` modules, overriding builtins, printing
    a fake pass line) can touch the check or its reference. Traps that show only where the
    objects live (live tensors aliasing a model, DataLoader workers, a process killed
@@ -34,22 +34,13 @@ import warnings
 import nbformat
 import torch
 
-from autograder.notebook_runner import (DEFAULT_CELL_TIMEOUT, exercise_of, failure_message, is_answer_cell,
-                                        is_test_cell, nbgrader_meta)
-from autograder.sandbox import Limits, Sandbox, SandboxDied
+from autograder.contract import (DEFAULT_CELL_TIMEOUT, exercise_of, failure_message, is_answer_cell, is_test_cell,
+                                 nbgrader_meta)
+from autograder.course import CHECK_MODULES
+from autograder.grading.sandbox import Limits, Sandbox, SandboxDied
 
-# Check modules whose test cells run in the judge, calling into the sandbox (all of them).
-JUDGED_OUTSIDE = {
-    "autograder.start_here",
-    "autograder.state_dict_aliasing",
-    "autograder.adam_resume",
-    "autograder.complete_checkpoint",
-    "autograder.worker_seeding",
-    "autograder.atomic_writes",
-    "autograder.data_ledger",
-    "autograder.distributed_sampler",
-    "autograder.commit_boundary",
-}
+# Check modules whose test cells run in the judge, calling into the sandbox: every notebook's.
+JUDGED_OUTSIDE = frozenset(CHECK_MODULES)
 
 
 @dataclasses.dataclass

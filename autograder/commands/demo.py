@@ -30,8 +30,8 @@ import nbformat
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter, SlidesExporter
 
-from .notebook_runner import (DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS, RELEASE_DIR, REPO_ROOT,
-                              SOLUTIONS_DIR, nbgrader_meta)
+from autograder.contract import DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS, nbgrader_meta
+from autograder.course import RELEASE_DIR, REPO_ROOT, SOLUTIONS_DIR, matching
 
 DEFAULT_OUT = REPO_ROOT / "artifacts" / "classroom"
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
@@ -48,16 +48,7 @@ def say(message: str) -> None:
 def find_assignments(selectors: list[str], root: Path = SOLUTIONS_DIR) -> list[str]:
     """Assignment names (``01_state_dict_aliasing``) for prefixes such as ``01``; all when none."""
     known = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / f"{p.name}.ipynb").exists())
-    if not selectors:
-        return known
-    chosen: list[str] = []
-    for selector in selectors:
-        name = Path(selector).stem if selector.endswith(".ipynb") else selector
-        matches = [a for a in known if a.startswith(name)]
-        if not matches:
-            raise SystemExit(f"workbook-demo: no notebook matches {selector!r} (known: {', '.join(known)})")
-        chosen += [m for m in matches if m not in chosen]
-    return chosen
+    return matching(selectors, known, "workbook-demo")
 
 
 # ---- the notebook a teacher shows --------------------------------------------------------------

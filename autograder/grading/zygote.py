@@ -1,7 +1,7 @@
 """Start sandboxes by forking a process that has imported torch already (the zygote).
 
 A sandbox started as a fresh interpreter spends about 2 s importing torch before it can run a
-cell, and grading starts one per notebook. The zygote (``sandbox_child.zygote``) imports torch
+cell, and grading starts one per notebook. The zygote (``zygote`` below) imports torch
 once and forks a child per sandbox; the child confines itself exactly as a fresh one does, before
 any submitted code exists in it.
 
@@ -20,12 +20,16 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import resource
 import select
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from autograder.grading.confine import PR_SET_PDEATHSIG, _libc
+from autograder.grading.server import run
 
 _zygote: dict = {}     # "process", "control" (our end of the socket pair), "pid" (who started it)
 
@@ -72,7 +76,7 @@ def available() -> bool:
 
 
 def spawn(config: dict, env: dict, cwd: Path, request_fd: int, response_fd: int, log_fd: int) -> Child:
-    """A sandbox process like ``python -m autograder.sandbox_child REQ RESP CONFIG`` in ``cwd`` with ``env``."""
+    """A sandbox process like ``python -m autograder.grading.server REQ RESP CONFIG`` in ``cwd`` with ``env``."""
     message = json.dumps({"config": config, "env": env, "cwd": str(cwd)}).encode()
     reply, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -109,7 +113,7 @@ def _start(env: dict) -> None:
     shared = {k: v for k, v in env.items() if k not in ("HOME", "TMPDIR", "MPLCONFIGDIR")}
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "autograder.sandbox_child", "--zygote", str(theirs.fileno())],
+            [sys.executable, "-m", "autograder.grading.zygote", str(theirs.fileno())],
             cwd="/", env=shared, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True)
     finally:
@@ -130,3 +134,115 @@ def _stop() -> None:
 
 
 atexit.register(_stop)
+
+
+# ---- the zygote's own side: sandboxes forked from a process that has imported torch already -----------
+
+def zygote(control_fd: int) -> None:
+    """Serve ``spawn``: fork one sandbox per request, and send back its pidfd,
+    then its exit code when it ends. Runs no submitted code itself: only its children do, after ``run``
+    has confined them, so it saves each sandbox the 2 s of importing torch. Ends when every grading
+    process has closed its end of the control socket, or when the one that started it dies."""
+    import selectors
+
+    import autograder.grading.wire  # noqa: F401  (torch and numpy, for every child)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        os._exit(0)
+    control = socket.socket(fileno=control_fd)
+    watch = selectors.DefaultSelector()
+    watch.register(control, selectors.EVENT_READ)
+    dynamo_imported = False
+    while True:
+        ready = watch.select(timeout=None if dynamo_imported else 0)
+        if not ready:                             # only before the warm-up: no request is waiting
+            _import_dynamo()
+            dynamo_imported = True
+            continue
+        for key, _ in ready:
+            if key.fileobj is control:
+                try:
+                    message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
+                except OSError:
+                    continue
+                if not message and not fds:
+                    os._exit(0)                   # no grader holds the other end any more
+                started = _fork_sandbox(message, fds)
+                if started is not None:
+                    watch.register(started[1], selectors.EVENT_READ, started)
+            else:
+                pid, pidfd, reply = key.data
+                watch.unregister(pidfd)
+                os.close(pidfd)
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                try:
+                    reply.sendall(f"{code}\n".encode())
+                except OSError:
+                    pass
+                reply.close()
+
+
+def _import_dynamo() -> None:
+    """Import torch._dynamo here, once, for every sandbox forked afterwards.
+
+    torch.optim imports it on an optimizer's first step (1.3 s: sympy and the compiler's tables), so
+    each notebook that trains would pay it again. Imported while the zygote idles, after the first
+    sandbox is on its way: a lone self-check waits for none of it, a class grading gains it per
+    submission. It starts no thread, so forking stays as safe as before.
+    """
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:
+        pass    # a warm-up only: a sandbox imports it itself if it needs it
+
+
+def _fork_sandbox(message: bytes, fds: list[int]) -> tuple[int, int, socket.socket] | None:
+    if len(fds) != 4:
+        for fd in fds:
+            os.close(fd)
+        return None
+    request_fd, response_fd, log_fd, reply_fd = fds
+    reply = socket.socket(fileno=reply_fd)
+    try:
+        spec = json.loads(message)
+    except ValueError:
+        spec = None
+    if not isinstance(spec, dict):
+        for fd in fds[:3]:
+            os.close(fd)
+        reply.close()
+        return None
+    pid = os.fork()
+    if pid == 0:
+        try:
+            # What subprocess.Popen did for a sandbox started on its own: new session, its folder,
+            # its environment, stdin from /dev/null and output to its log; no other descriptor.
+            os.setsid()
+            os.chdir(spec["cwd"])
+            os.environ.clear()
+            os.environ.update(spec["env"])
+            import tempfile
+            tempfile.tempdir = None
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            low, high = sorted((request_fd, response_fd))
+            os.closerange(3, low)
+            os.closerange(low + 1, high)
+            os.closerange(high + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            run(request_fd, response_fd, spec["config"])
+        finally:
+            os._exit(70)
+    for fd in fds[:3]:
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    try:
+        socket.send_fds(reply, [b"%d\n" % pid], [pidfd])
+    except OSError:
+        pass
+    return pid, pidfd, reply
+
+
+if __name__ == "__main__":
+    zygote(int(sys.argv[1]))

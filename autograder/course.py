@@ -1,0 +1,63 @@
+"""The course's one registry: its notebooks, in reading order, and the check module each one's test
+cells import. The judge, the sandbox's guards, the commands, the release and the tests all derive
+from this list; adding a notebook adds one line here (AUTHORING.md has the checklist).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RELEASE_DIR = REPO_ROOT / "notebooks"
+SOLUTIONS_DIR = REPO_ROOT / "solutions"
+
+
+@dataclasses.dataclass(frozen=True)
+class Notebook:
+    folder: str          # solutions/<folder>/<folder>.ipynb, released as notebooks/<folder>/<folder>.ipynb
+    checks: str          # autograder.<checks>: imported by its locked test cells, so it never moves
+
+    @property
+    def number(self) -> str:
+        return self.folder.split("_", 1)[0]
+
+    @property
+    def check_module(self) -> str:
+        return f"autograder.{self.checks}"
+
+    def source(self, root: Path = SOLUTIONS_DIR) -> Path:
+        return root / self.folder / f"{self.folder}.ipynb"
+
+
+NOTEBOOKS = (
+    Notebook("00_start_here", checks="start_here"),
+    Notebook("01_state_dict_aliasing", checks="state_dict_aliasing"),
+    Notebook("02_adam_resume", checks="adam_resume"),
+    Notebook("03_complete_checkpoint", checks="complete_checkpoint"),
+    Notebook("04_worker_generators", checks="worker_seeding"),
+    Notebook("05_atomic_writes", checks="atomic_writes"),
+    Notebook("06_data_ledger", checks="data_ledger"),
+    Notebook("07_distributed_sampler", checks="distributed_sampler"),
+    Notebook("08_commit_boundary", checks="commit_boundary"),
+)
+
+# What check modules build on; shared by every notebook's checks, so guarded like them in the sandbox.
+CHECK_SUPPORT = ("autograder.checking", "autograder.helpers", "autograder.portable", "autograder.contract")
+CHECK_MODULES = tuple(notebook.check_module for notebook in NOTEBOOKS)
+
+
+def matching(selectors: list[str], known: list[str], command: str, where: str = "") -> list[str]:
+    """The names in ``known`` that the selectors pick: a name itself, a prefix such as ``01``, or a
+    notebook file's name; all of them when there is no selector. Unknown selectors end the command."""
+    if not selectors:
+        return list(known)
+    chosen: list[str] = []
+    for selector in selectors:
+        name = Path(selector).stem if selector.endswith(".ipynb") else selector
+        matches = [k for k in known if k == name] or [k for k in known if k.startswith(name)]
+        if not matches:
+            raise SystemExit(f"{command}: no notebook matches {selector!r}{where} "
+                             f"(known: {', '.join(known) or 'none'})")
+        chosen += [m for m in matches if m not in chosen]
+    return chosen
