@@ -107,11 +107,6 @@ def hyper(**hp) -> dict:
 
 # ---- small utilities for messages ------------------------------------------------------------
 
-def _ulps(got: np.ndarray, ref: np.ndarray, scale: np.ndarray) -> float:
-    """Largest difference in units of the last place of ``scale`` (the magnitudes involved)."""
-    return float(np.max(np.abs(got - ref) / np.spacing(np.maximum(np.abs(scale), np.abs(ref)))))
-
-
 def _as_weights(value, like: np.ndarray, what: str) -> np.ndarray:
     expect(value is not None, f"{what} returned None: it should return the weights as a NumPy array.")
     expect(isinstance(value, np.ndarray),
@@ -202,7 +197,7 @@ def check_adam_step_state(adam_step, seed: int = 0, steps: int = 6, **hp) -> Non
                     f"After {k + 1} call(s), state[{key!r}] (the {name}) differs from torch.optim.Adam's "
                     f"{'exp_avg' if key == 'm' else 'exp_avg_sq'} by up to {np.max(np.abs(got - ref[key])):.2e}"
                     + (" (it is still all zeros)" if not np.any(got) else "")
-                    + f". It should be the raw moving average (not bias-corrected), kept in the state dict.")
+                    + ". It should be the raw moving average (not bias-corrected), kept in the state dict.")
 
 
 @graded_check("train_n_steps continues from the state it is given and counts n steps")
@@ -217,7 +212,7 @@ def check_train_n_steps(train_n_steps, seed: int = 0, first: int = 7, then: int 
         w = _as_weights(train_n_steps(w, state, n, problem.grad, **hp), problem.w0, "train_n_steps")
         expected = reference.run(problem.grad, n)
         done = int(reference.state["t"])
-        _as_state(state, problem.w0, f"after train_n_steps, the state")
+        _as_state(state, problem.w0, "after train_n_steps, the state")
         expect(int(state["t"]) == done,
                f"After train_n_steps with n={first}" + (f" and then n={then}" if n == then else "")
                + f", state['t'] is {state['t']}, expected {done}: every step must advance the state you "

@@ -41,7 +41,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from .checking import expect, graded_check, load_written, observe, require_callable
+from .checking import expect, graded_check, load_written, observe, require_callable, silence_this_process
 from .grading.confine import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
 
 CHECKPOINT_SUFFIX = ".pt"
@@ -139,10 +139,7 @@ def _child_saves(save, obj, path) -> None:
     """Runs in the trial's writer: save, then leave at once without any cleanup of the parent's state."""
     code = 1
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)  # the child shares the parent's output pipes (a notebook's, too): silence them
-        os.dup2(devnull, 2)
-        sys.stdout = sys.stderr = open(os.devnull, "w")
+        silence_this_process()
         save(obj, path)
         code = 0
     except BaseException:

@@ -18,8 +18,6 @@ next crash).
 
 from __future__ import annotations
 
-from collections import Counter
-
 from torch.utils.data.distributed import DistributedSampler
 
 from .checking import expect, graded_check, require_callable

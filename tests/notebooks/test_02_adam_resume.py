@@ -1,0 +1,177 @@
+"""Notebook 02: Adam's bias correction on resume. The checks, driven on right and wrong implementations."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from autograder import adam_resume as checks
+from autograder import complete_checkpoint
+from check_outcomes import failure_of
+from fixtures import adam_resume_impls as impls
+from notebook_checks import lost_checks
+
+
+
+def test_missing_bias_correction_is_named_on_the_first_step():
+    message = failure_of(checks.check_adam_step, impls.adam_step_no_bias_correction)
+    assert "t=1" in message and "about lr" in message and "zero start" in message
+
+
+def test_step_count_reset_on_resume_is_named():
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
+        impls.resume_full_without_step_count, impls.save_without_step_count), None)
+    assert "t = 0" in message and "bias correction" in message
+
+
+def test_weights_only_disguised_as_full_resume_is_caught():
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
+        impls.resume_full_is_weights_only, impls.save_npz), None)
+    assert "restarted" in message
+
+
+def test_missing_second_moment_in_checkpoint_is_named():
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
+        impls.resume_full_without_second_moment, impls.save_without_second_moment), None)
+    assert "second moment v" in message and "all zeros" in message
+
+
+def test_float32_checkpoint_is_named():
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
+        impls.resume_full_float32, impls.save_float32), None)
+    assert "float32" in message
+
+
+def test_in_memory_checkpoint_is_named():
+    assert "wrote nothing to disk" in failure_of(checks.check_save_checkpoint, impls.save_in_memory)
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
+        impls.resume_full_in_memory, impls.save_in_memory), None)
+    assert "not really on disk" in message
+
+
+def test_state_kept_in_a_local_dict_is_named():
+    message = failure_of(checks.check_adam_step_state, impls.adam_step_state_rebound)
+    assert "in place" in message
+
+
+def test_checks_report_a_non_callable_answer():
+    assert "should be a function" in failure_of(checks.check_adam_step, None)
+
+
+def test_weights_only_restart_moves_every_weight_by_lr():
+    """The prediction the notebook plots, against torch.optim.Adam itself."""
+    problem = checks.regression_problem(0)
+    trained = checks.TorchAdam(problem.w0, lr=0.05)
+    w = trained.run(problem.grad, 40)
+    g = problem.grad(w)
+    restarted = checks.TorchAdam(w, lr=0.05).run(problem.grad, 1)
+    np.testing.assert_allclose(np.abs(restarted - w), 0.05, rtol=1e-4)  # |g| >> eps
+    continued = checks.TorchAdam(w, trained.state, lr=0.05).run(problem.grad, 1)
+    assert np.all(np.abs(continued - w) < 0.05)
+    assert np.array_equal(np.sign(w - restarted), np.sign(g))
+
+
+def test_torch_adam_state_keys_the_notebook_shows():
+    p = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    optimizer = torch.optim.Adam([p])
+    p.grad = torch.ones(3, dtype=torch.float64)
+    optimizer.step()
+    assert set(optimizer.state_dict()["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+    assert float(optimizer.state_dict()["state"][0]["step"]) == 1.0
+
+
+def test_a_wrong_default_learning_rate_is_caught_by_the_hidden_call():
+    def adam_step_default_lr_too_high(w, g, state, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8):
+        return impls.adam_step_textbook(w, g, state, lr, beta1, beta2, eps)
+    assert failure_of(checks.check_adam_step, adam_step_default_lr_too_high, lr=0.01, beta1=0.85,
+                      beta2=0.995) is None
+    assert "10 times PyTorch's" in failure_of(checks.check_adam_step, adam_step_default_lr_too_high, seed=3)
+
+
+# ---- only what is on disk gets through: the save runs in a process of its own -------------------
+
+def test_a_checkpoint_kept_in_memory_beside_a_placeholder_is_named():
+    """Something is on disk, and a resume in the saving process finds the arrays: only a resume in another
+    process shows that the file holds nothing."""
+    assert failure_of(checks.check_save_checkpoint, impls.save_placeholder_and_copies) is None
+    for check, resume in ((checks.check_resume_from_full_checkpoint, impls.resume_full_from_copies),
+                          (checks.check_resume_from_weights_only, impls.resume_weights_only_from_copies)):
+        message = failure_of(lambda _: check(resume, impls.save_placeholder_and_copies), None)
+        assert message.startswith("The checkpoint was not really on disk: the resume in a fresh process found")
+        assert "KeyError: 'path'" in message  # the learner's own error, without the made-up folder
+
+
+def test_a_resume_that_reads_other_values_than_were_saved_is_named():
+    """No error, but the values come from memory (the last save this process made), not from the file."""
+    last = {}
+
+    def save(path, w, state):
+        impls.save_npz(path, w, state)
+        last["saved"] = (w.copy(), {k: np.copy(v) for k, v in state.items()})
+
+    def resume(path):
+        w, state = last["saved"]
+        return w.copy(), {k: np.copy(v) for k, v in state.items()}
+
+    last["saved"] = (np.zeros(5), checks.new_adam_state(np.zeros(5)))  # what the notebook's own run left
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(resume, save), None)
+    assert "not really on disk" in message and "returned other values than were saved (weights: max |diff|" in message
+
+
+class CheckpointStorageFull(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error", [ValueError("no space left for the checkpoint"), NotImplementedError(),
+                                   CheckpointStorageFull("quota exceeded")], ids=lambda e: type(e).__name__)
+def test_an_error_of_the_save_reaches_the_learner_as_raised(error):
+    """The save raises in its own process; the learner sees its type and message, as from a save run here
+    (an unanswered exercise still reads as NotImplementedError)."""
+    def save(path, w, state):
+        raise error
+
+    with pytest.raises(Exception) as caught:
+        checks.check_resume_from_full_checkpoint(impls.resume_full_npz, save)
+    assert type(caught.value).__name__ == type(error).__name__ and str(caught.value) == str(error)
+
+
+def test_a_resume_that_fails_by_itself_raises_its_own_error():
+    """Failing in the saving process too, it is a bug of the resume, not a checkpoint kept in memory."""
+    def resume(path):
+        with np.load(path) as saved:
+            return saved["weights"], {}
+
+    with pytest.raises(KeyError, match="weights"):
+        checks.check_resume_from_full_checkpoint(resume, impls.save_npz)
+
+
+def test_a_save_that_ends_its_process_is_reported():
+    def save(path, w, state):
+        os._exit(3)
+
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(impls.resume_full_npz, save), None)
+    assert message.startswith("save_checkpoint, run in a process of its own, did not return")
+
+
+def test_without_fork_the_round_trip_runs_in_one_process(monkeypatch):
+    """Where there is no fork (Windows), the save runs in the checking process: correct formats still pass,
+    and a checkpoint that only keeps references still fails (weaker: copies kept in memory would pass)."""
+    monkeypatch.setattr(complete_checkpoint, "FORK_AVAILABLE", False)
+    assert lost_checks("02", impls.CORRECT["save_checkpoint"][0]) == {}
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
+        impls.resume_full_in_memory, impls.save_in_memory), None)
+    assert "not really on disk" in message
+
+
+def test_the_checkpoint_is_the_file_at_path(tmp_path):
+    def save_by_name(path, w, state):
+        np.savez(path, w=w, m=state["m"], v=state["v"], t=state["t"])  # writes path + ".npz"
+
+    def save_empty(path, w, state):
+        open(path, "wb").close()
+        impls.save_npz(path + ".real", w, state)
+
+    message = failure_of(checks.check_save_checkpoint, save_by_name)
+    assert "no file at `path`, only adam.ckpt.npz" in message and "append .npz" in message
+    assert "left an empty file at `path`" in failure_of(checks.check_save_checkpoint, save_empty)

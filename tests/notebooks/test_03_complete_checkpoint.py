@@ -1,0 +1,118 @@
+"""Notebook 03: the complete checkpoint. The checks, driven on right and wrong save/load pairs."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from autograder import complete_checkpoint as checks
+from check_outcomes import failure_of
+from fixtures import complete_checkpoint_impls as impls
+
+@pytest.mark.parametrize("component, named", [
+    ("model", "model state"), ("optimizer", "momentum"), ("scheduler", "scheduler"), ("scaler", "GradScaler"),
+    ("counters", "counters"), ("torch_rng", "torch's RNG"), ("numpy_rng", "NumPy's global RNG"),
+    ("python_rng", "Python's random"), ("loader", "StatefulDataLoader"),
+])
+def test_the_equivalence_failure_names_the_missing_component(component, named):
+    save = impls.make_save(omit=(component,))
+    message = failure_of(lambda _: checks.check_load_checkpoint(impls.make_load(), save), None)
+    assert "not the uninterrupted one" in message and named in message
+
+
+def test_restoring_rng_before_the_iterator_exists_is_named():
+    load = impls.make_load(rng_before_iterator=True)
+    message = failure_of(lambda _: checks.check_load_checkpoint_rng(load, impls.make_save()), None)
+    assert "matched right after load_checkpoint" in message and "iterator" in message
+
+
+def test_unsafe_numpy_state_is_named():
+    message = failure_of(checks.check_save_checkpoint, impls.save_raw_numpy_state)
+    assert "weights_only=True" in message and "NumPy" in message
+
+
+def test_changing_the_trainers_objects_is_named():
+    """The probes read the run through the trainer's objects: methods replaced there are named, not trusted."""
+    message = failure_of(checks.check_save_checkpoint, impls.save_resets_loss_scale_and_hides_it)
+    assert "trainer.scaler.get_scale replaced on the instance" in message and "must only read" in message
+    message = failure_of(lambda _: checks.check_load_checkpoint_training_state(
+        impls.load_hides_missing_optimizer, impls.save_complete), None)
+    assert "trainer.optimizer.state_dict replaced on the instance" in message
+
+
+def test_checks_leave_the_callers_rngs_alone():
+    torch.manual_seed(1), np.random.seed(1), random.seed(1)
+    before = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+    failure_of(lambda _: checks.check_load_checkpoint(impls.make_load(), impls.make_save()), None)
+    assert torch.equal(before[0], torch.get_rng_state())
+    assert np.array_equal(before[1], np.random.get_state()[1]) and before[2] == random.getstate()
+
+
+def test_an_error_in_the_fresh_process_is_reported():
+    def load_raises(path, trainer):
+        raise KeyError("optimizer")
+    message = failure_of(lambda _: checks.check_load_checkpoint(load_raises, impls.make_save()), None)
+    assert "fresh process failed: KeyError" in message
+
+
+def test_a_fresh_process_does_not_inherit_the_rng_state():
+    torch.manual_seed(0)
+    parent = torch.get_rng_state()
+    child = checks.run_in_fresh_process(torch.get_rng_state)
+    assert not torch.equal(parent, child)
+
+
+def test_torch_behaviour_the_notebook_teaches():
+    """The facts notebook 03 is built on, against the installed torch and torchdata."""
+    trainer = checks.make_trainer(0)
+    checks.train_steps(trainer, 3)
+    # Creating a loader iterator draws from torch's global RNG, also for a resumed StatefulDataLoader.
+    state = trainer.loader.state_dict()
+    fresh = checks.make_trainer(1)
+    fresh.loader.load_state_dict(state)
+    before = torch.get_rng_state()
+    iter(fresh.loader)
+    assert not torch.equal(before, torch.get_rng_state())
+    # torch.load's safe default refuses NumPy's RNG state as it is, and accepts it as tensors.
+    import io
+    buffer = io.BytesIO()
+    torch.save({"numpy": np.random.get_state()}, buffer)
+    buffer.seek(0)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(buffer)
+    buffer = io.BytesIO()
+    torch.save({"numpy": impls.numpy_rng_as_tensors(), "python": random.getstate()}, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer)["python"] == random.getstate()
+    # The CPU GradScaler is enabled and its scale grows while training.
+    assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == 2.0 ** 10
+    checks.train_steps(trainer, 1)
+    assert trainer.scaler.get_scale() == 2.0 ** 11
+
+
+def test_a_hanging_fresh_process_is_stopped_and_reported():
+    import time
+    with pytest.raises(RuntimeError, match="did not finish within 0.5 s"):
+        checks.run_in_fresh_process(lambda: time.sleep(30), timeout=0.5)
+
+
+def test_a_save_that_draws_random_numbers_is_named():
+    message = failure_of(checks.check_save_checkpoint, impls.save_random_temporary_name)
+    assert "Saving changed the run" in message
+
+
+def test_a_stray_temporary_file_is_named():
+    message = failure_of(checks.check_save_checkpoint, impls.save_leaves_temporary_file)
+    assert "left other files" in message
+
+
+def test_without_fork_the_checks_still_grade(monkeypatch):
+    """Windows has no fork: the resume then runs in this process, RNGs scrambled, and is still judged."""
+    monkeypatch.setattr(checks, "FORK_AVAILABLE", False)
+    checks._RECENT_EXPERIMENTS.clear()
+    assert failure_of(lambda _: checks.check_load_checkpoint(impls.make_load(), impls.make_save()), None) is None
+    message = failure_of(lambda _: checks.check_load_checkpoint_rng(
+        impls.make_load(), impls.make_save(omit=("numpy_rng",))), None)
+    assert "NumPy's global RNG" in message
+    checks._RECENT_EXPERIMENTS.clear()

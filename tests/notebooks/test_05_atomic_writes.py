@@ -1,0 +1,168 @@
+"""Notebook 05: atomic checkpoint writes. The checks, driven on right and wrong implementations."""
+
+import os
+import select
+import time
+import warnings
+
+import pytest
+import torch
+
+from autograder import atomic_writes as checks
+from check_outcomes import failing_checks, failure_of
+from fixtures import atomic_writes_impls as impls
+from notebook_checks import checks_of
+
+ATOMIC_SAVE_CHECKS, LOAD_LATEST_CHECKS = checks_of("05", "atomic_save"), checks_of("05", "load_latest_checkpoint")
+
+
+
+# The visible test arguments and the hidden ones the notebook uses.
+def test_direct_write_leaves_unloadable_files_under_sigkill():
+    records = checks.crash_trials(impls.save_directly, trials=6, layers=8)
+    assert any(r["outcome"] == "unloadable" for r in records)
+    assert all(r["outcome"] in ("old", "new", "unloadable") for r in records)
+
+
+def test_atomic_write_killed_mid_write_keeps_the_old_file_and_leaves_its_temp():
+    records = checks.crash_trials(impls.atomic_save_mkstemp, trials=4, layers=8)
+    assert [r["outcome"] for r in records if r["ended"] == "killed"] == ["old"] * sum(
+        r["ended"] == "killed" for r in records)
+    assert any(name.endswith(".tmp") for r in records for name in r["leftovers"])
+
+
+def test_crash_message_names_the_trap_with_evidence():
+    message = failure_of(checks.check_atomic_save_crash, impls.save_directly)
+    assert "SIGKILL" in message and "unloadable" in message and "final name" in message
+
+
+def test_fsync_message_reports_bytes_on_disk():
+    message = failure_of(checks.check_atomic_save_fsync_file, impls.atomic_save_fsync_before_writing)
+    assert "held 0 of its" in message
+
+
+def test_checks_report_a_non_callable_answer():
+    assert "should be a function" in failure_of(checks.check_atomic_save_temp_location, None)
+    assert "should be a function" in failure_of(checks.check_load_latest_checkpoint_newest, None)
+
+
+def test_recording_restores_os_functions():
+    originals = os.fsync, os.replace, os.rename
+    with checks.recorded_file_operations():
+        assert os.fsync is not originals[0]
+    assert (os.fsync, os.replace, os.rename) == originals
+
+
+def test_unreadable_check_sees_warnings_although_graded_checks_silence_them():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning escaping the check would raise here
+        assert failure_of(checks.check_load_latest_checkpoint_unreadable, impls.load_latest_by_mtime) is None
+
+
+def test_torch_behaviour_the_notebook_teaches(tmp_path):
+    """The facts notebook 05 is built on, against the installed torch."""
+    path = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(1000)}, path)
+    with pytest.raises(Exception):
+        torch.save({"w": torch.zeros(1000), "bad": checks._FailsToSerialize()}, path)
+    with pytest.raises(RuntimeError):  # the failed save already destroyed the old checkpoint
+        torch.load(path, weights_only=True)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(EOFError):
+        torch.load(tmp_path / "empty.pt", weights_only=True)
+
+
+def test_an_unanswered_exercise_reaches_the_grader_as_not_implemented():
+    """The grader says "not answered yet" only for NotImplementedError, so the checks let it through."""
+    def stub(*args):
+        raise NotImplementedError()
+
+    for check in (checks.check_atomic_save_crash, checks.check_atomic_save_cleanup,
+                  checks.check_load_latest_checkpoint_unreadable):
+        with pytest.raises(NotImplementedError):
+            check(stub)
+
+
+def test_doing_nothing_passes_no_check():
+    def do_nothing(*args):
+        return None
+
+    assert failing_checks(checks, ATOMIC_SAVE_CHECKS, do_nothing) == set(ATOMIC_SAVE_CHECKS)
+    assert failing_checks(checks, LOAD_LATEST_CHECKS, do_nothing) == set(LOAD_LATEST_CHECKS)
+
+
+def test_each_checkpoint_made_is_its_own_copy():
+    # make_checkpoint draws each checkpoint's tensors once per process and hands out copies: a save that
+    # changes what it is given must not change the checkpoint the next check compares against.
+    first = checks.make_checkpoint(2, layers=2, layer_kib=4, seed=9)
+    first["model"]["layer0.weight"].zero_()
+    second = checks.make_checkpoint(2, layers=2, layer_kib=4, seed=9)
+    assert second["model"]["layer0.weight"].abs().sum() > 0
+    assert not checks.same_checkpoint(first, second)
+    assert checks.same_checkpoint(second, checks.make_checkpoint(2, layers=2, layer_kib=4, seed=9))
+    assert not checks.same_checkpoint(second, checks.make_checkpoint(3, layers=2, layer_kib=4, seed=9))
+
+
+# ---- crash trials end every process a save starts ----------------------------------------------
+
+ISOLATIONS = {"pid namespace": (checks.CLONE_NEWPID,),
+              "user and pid namespaces": (checks.CLONE_NEWUSER | checks.CLONE_NEWPID,),
+              "process group (fallback)": ()}
+
+
+@pytest.fixture(params=list(ISOLATIONS))
+def isolation(request, monkeypatch):
+    """Each way a trial's writer is set apart: the forked trial leader reads PID_NAMESPACE_FLAGS."""
+    monkeypatch.setattr(checks, "PID_NAMESPACE_FLAGS", ISOLATIONS[request.param])
+    return request.param
+
+
+def _reports_who_it_is(obj, path):
+    with open(path, "w") as f:
+        f.write(f"{os.getpid()} {os.getuid()}")
+
+
+def test_each_way_of_isolating_a_writer_works_here(isolation, tmp_path):
+    """Where the machine allows namespaces, the writer really is in one (PID 2, under the init), as itself."""
+    path = tmp_path / "who.pt"
+    assert checks.run_and_kill(_reports_who_it_is, None, str(path), kill_at_bytes=None) == "finished"
+    pid, uid = map(int, path.read_text().split())
+    assert uid == os.getuid()
+    assert (pid == 2) == (isolation != "process group (fallback)")
+
+
+def test_a_grandchild_writer_dies_with_its_trial(isolation):
+    """The writer's grandchild, no longer its descendant once its parent exits, writes the final name in place:
+    it is killed with the trial, so its partial file is what the check finds."""
+    records = checks.crash_trials(impls.atomic_save_grandchild_writer, trials=6, layers=8)
+    assert any(r["outcome"] == "unloadable" for r in records), records
+
+
+def _leaves_a_sleeper(escape):
+    def save(obj, path):
+        torch.save(obj, path)
+        if os.fork() == 0:  # outlives the save, holding the write end of the test's pipe
+            if escape:
+                os.setsid()
+            time.sleep(30)
+            os._exit(0)
+    return save
+
+
+@pytest.mark.parametrize("escape", [False, True], ids=["in the group", "setsid"])
+def test_nothing_a_save_started_outlives_its_trial(isolation, escape, tmp_path):
+    if escape and isolation == "process group (fallback)":
+        pytest.skip("the fallback's known gap: a process that leaves the group escapes it")
+    read_end, write_end = os.pipe()
+    try:
+        save = _leaves_a_sleeper(escape)
+        ended = checks.run_and_kill(save, {"w": torch.zeros(4)}, str(tmp_path / "c.pt"), kill_at_bytes=None)
+        assert ended == "finished"
+        os.close(write_end)
+        write_end = None
+        # End of file at once: no process holds the write end any more, so the sleeper is gone.
+        assert select.select([read_end], [], [], 2.0)[0] and os.read(read_end, 1) == b""
+    finally:
+        os.close(read_end)
+        if write_end is not None:
+            os.close(write_end)

@@ -1,0 +1,195 @@
+"""Notebook 07: DistributedSampler and world-size changes. The checks, driven on right and wrong
+implementations, the sampler facts the notebook teaches, and the real gloo demo."""
+
+import signal
+import subprocess
+import sys
+import warnings
+
+import pytest
+from torch.utils.data.distributed import DistributedSampler
+
+from autograder import distributed_sampler as checks
+from autograder import gloo_demo, rank_server
+from check_outcomes import failing_checks, failure_of
+from fixtures import distributed_sampler_impls as impls
+from notebook_checks import checks_of
+from autograder.course import REPO_ROOT
+
+# The visible test arguments and the hidden ones the notebook uses.
+def test_the_check_modules_lists_are_the_notebooks_checks():
+    assert checks.EPOCH_ORDER_CHECKS == checks_of("07", "epoch_order")
+    assert checks.RESUME_SHARDS_CHECKS == checks_of("07", "resume_shards")
+
+
+def test_seed_without_epoch_is_named():
+    message = failure_of(checks.check_epoch_order_epochs, impls.order_seed_without_epoch)
+    assert "same order for epochs" in message and "set_epoch" in message
+
+
+def test_padding_that_does_not_wrap_is_caught_on_a_small_dataset():
+    message = failure_of(checks.check_epoch_order_padding, impls.order_pads_only_once)
+    assert "n=3" in message and "wrap around the list more than once" in message
+
+
+def test_missing_padding_names_the_ddp_hang():
+    message = failure_of(checks.check_epoch_order_padding, impls.order_without_padding)
+    assert "returned 10 positions" in message and "DDP waits forever" in message
+
+
+def test_another_rng_is_told_which_generator_the_sampler_uses():
+    message = failure_of(checks.check_epoch_order_permutation, impls.order_python_random)
+    assert "torch.Generator seeded with seed + epoch" in message
+
+
+def test_rank_local_cursor_replays_when_shrinking_and_omits_when_growing():
+    replay = failure_of(checks.check_resume_shards_no_replay, impls.shards_rank_local_cursor)
+    assert "4 ranks committed 32 of 48 positions, resuming on 3" in replay and "per-rank count" in replay
+    omission = failure_of(checks.check_resume_shards_no_omission, impls.shards_rank_local_cursor)
+    assert "resuming on 6" in omission
+
+
+def test_whole_epoch_restart_reports_every_committed_sample():
+    message = failure_of(checks.check_resume_shards_no_replay, impls.shards_whole_epoch_restart)
+    assert message.split(" schedules ")[1].startswith("32 samples whose updates were already committed")
+
+
+def test_unequal_lengths_are_reported_per_rank():
+    message = failure_of(checks.check_resume_shards_equal_lengths, impls.shards_unequal_lengths)
+    assert "[6, 5, 5]" in message
+
+
+def test_answers_hard_coded_for_the_visible_scenarios_fail_the_hidden_ones():
+    visible = {tuple(sorted(s.items())): impls.shards_like_the_notebook(**s) for s in checks._resume_scenarios(0)}
+
+    def memorised(**scenario):
+        return visible.get(tuple(sorted(scenario.items())), [[] for _ in range(scenario["new_world_size"])])
+
+    def memorised_positional(n, seed, epoch, old_world_size, committed, new_world_size, drop_last=False):
+        return memorised(n=n, seed=seed, epoch=epoch, old_world_size=old_world_size, committed=committed,
+                         new_world_size=new_world_size, **({"drop_last": True} if drop_last else {}))
+
+    assert failing_checks(checks, checks.RESUME_SHARDS_CHECKS, memorised_positional) == set()
+    assert "check_resume_shards_no_omission" in failing_checks(
+        checks, checks.RESUME_SHARDS_CHECKS, memorised_positional, seed=7)
+
+
+def test_checks_report_a_non_callable_answer():
+    assert "should be a function" in failure_of(checks.check_epoch_order_permutation, None)
+    assert "should be a function" in failure_of(checks.check_resume_shards_no_replay, "not a function")
+
+
+def test_sampler_facts_the_notebook_teaches():
+    """DistributedSampler in torch 2.13, as the notebook and the checks describe it."""
+    # seed + epoch, and the same permutation for every world size that divides the dataset
+    assert checks.sampler_order(12, 0, 1, 1) == checks.sampler_order(12, 1, 0, 1)
+    assert checks.sampler_order(12, 3, 2, 4) == checks.sampler_order(12, 3, 2, 3) == checks.sampler_order(12, 3, 2, 6)
+    # a sampler that never hears set_epoch stays at epoch 0
+    assert DistributedSampler(range(12), num_replicas=1, rank=0).epoch == 0
+    # padding repeats the head, wrapping for small datasets; drop_last trims the tail
+    head = checks.sampler_order(3, 0, 0, 1)
+    assert checks.sampler_order(3, 0, 0, 8) == [head[i % 3] for i in range(8)]
+    full = checks.sampler_order(10, 0, 0, 1)
+    assert checks.sampler_order(10, 0, 0, 4, drop_last=True) == full[:8]
+    # rank r takes positions r, r + R, ...
+    shards = checks.sampler_shards(10, 0, 0, 4)
+    assert all(shards[r] == checks.sampler_order(10, 0, 0, 4)[r::4] for r in range(4))
+
+
+def test_stateful_dataloader_state_is_per_rank_and_exact_only_for_the_same_world_size():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loaders(world_size):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return [StatefulDataLoader(list(range(24)), batch_size=2,
+                                       sampler=DistributedSampler(range(24), num_replicas=world_size, rank=r))
+                    for r in range(world_size)]
+
+    first = loaders(4)
+    iterators = [iter(loader) for loader in first]
+    done = [i for _ in range(2) for it in iterators for i in next(it).tolist()]
+    states = [loader.state_dict() for loader in first]
+    assert states[0]["_sampler_iter_state"] == {"samples_yielded": 4}
+
+    def finish(world_size):
+        rest = []
+        for rank, loader in enumerate(loaders(world_size)):
+            loader.load_state_dict(states[rank])
+            rest += [i for batch in loader for i in batch.tolist()]
+        return sorted(done + rest)
+
+    assert finish(4) == list(range(24))
+    assert finish(3) != list(range(24))  # same saved states, fewer ranks: replay
+
+
+def test_gloo_demo_survives_a_sigkill_and_resumes_on_fewer_ranks_without_replay_or_omission(tmp_path):
+    n, seed, epoch = 24, 0, 1
+    first = gloo_demo.launch(gloo_demo.Job(gloo_demo.plan_from_shards(checks.sampler_shards(n, seed, epoch, 4)),
+                                           str(tmp_path), n, seed, epoch, kill=(1, 2), name="first"),
+                             say=lambda line: None)
+    assert first.exit_codes[1] == -signal.SIGKILL and first.killed == [1]
+    cursor = first.checkpoint["sampler"]["committed"]
+    assert cursor == 2 * 4 * gloo_demo.MICRO_BATCH
+    assert len(first.fetched) > cursor  # the in-flight microbatches were fetched, never committed
+
+    shards = impls.shards_like_the_notebook(n, seed, epoch, 4, cursor, 3)
+    second = gloo_demo.launch(gloo_demo.Job(gloo_demo.plan_from_shards(shards, cursor), str(tmp_path), n, seed,
+                                            epoch, start_cursor=cursor, resume=True, name="resumed"),
+                              say=lambda line: None)
+    assert set(second.exit_codes.values()) == {0}
+    positions = list(range(cursor)) + [record.position for record in second.fetched]
+    real = [p for p in positions if p < n]
+    assert sorted(real) == list(range(n))                     # zero replay, zero omission
+    assert len(positions) - n == -(n - cursor) % 3            # padding: exactly what 3 ranks need
+    assert len(second.checkpoint["loss_history"]) == 2 + -(-len(shards[0]) // gloo_demo.MICRO_BATCH)
+
+
+def test_the_rank_server_starts_before_torch_is_imported_and_preloads_the_rank_module():
+    # Notebook 07 starts it first thing so that its import of torch overlaps the kernel's.
+    assert rank_server.RANK_MODULE == gloo_demo.__name__
+    code = ("import sys\nfrom autograder.rank_server import start_rank_server\n"
+            "print(start_rank_server(), 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["forkserver", "False"]
+
+
+def test_a_kernel_that_started_the_rank_server_shuts_down_by_itself():
+    # ipykernel waits at shutdown until its children are gone; multiprocessing's resource tracker
+    # ignores SIGTERM, so without rank_server's hook the kernel was SIGTERMed by its manager 2.5 s later.
+    from jupyter_client.manager import start_new_kernel
+
+    from autograder.contract import KERNEL_EXTRA_ARGUMENTS
+    manager, client = start_new_kernel(kernel_name="python3", extra_arguments=KERNEL_EXTRA_ARGUMENTS,
+                                       cwd=str(REPO_ROOT))
+    try:
+        reply = client.execute_interactive("from autograder.rank_server import start_rank_server\n"
+                                           "start_rank_server()\nimport torch", timeout=60)
+        assert reply["content"]["status"] == "ok"
+        kernel = manager.provisioner.process
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+    assert kernel.returncode == 0, f"the kernel was stopped by signal {-kernel.returncode}"
+
+
+def test_an_exception_in_the_answer_names_the_inputs_that_caused_it():
+    def crashes_when_nothing_remains(n, seed, epoch, old_world_size, committed, new_world_size, drop_last=False):
+        if committed >= n:
+            return [[] for _ in range(new_world_size)][len([]) // (n - committed)]
+        return impls.shards_like_the_notebook(n, seed, epoch, old_world_size, committed, new_world_size, drop_last)
+
+    message = failure_of(checks.check_resume_shards_no_replay, crashes_when_nothing_remains)
+    assert "committed=45" in message and "raised ZeroDivisionError" in message
+
+
+def test_an_unanswered_exercise_still_raises_not_implemented_error():
+    def stub(*args, **kwargs):
+        raise NotImplementedError()
+
+    with pytest.raises(NotImplementedError):
+        checks.check_epoch_order_permutation(stub)
+    with pytest.raises(NotImplementedError):
+        checks.check_resume_shards_padding(stub)

@@ -1,0 +1,34 @@
+"""The registry is the course: every notebook in it appears in the README's table and in notebook 00's
+map, each link opens the released notebook, and the authoring guide points nowhere outside the repository."""
+
+import re
+
+import nbformat
+
+from autograder.course import NOTEBOOKS, RELEASE_DIR, REPO_ROOT
+
+
+def _linked(text: str) -> set[str]:
+    return set(re.findall(r"\]\((?:\.\./|notebooks/)(\d\d_\w+)/\1\.ipynb\)", text))
+
+
+def test_the_readme_table_lists_every_notebook_with_a_link_that_opens():
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert _linked(readme) == {n.folder for n in NOTEBOOKS}
+    for notebook in NOTEBOOKS:
+        assert notebook.source(RELEASE_DIR).exists(), notebook.folder
+
+
+def test_notebook_00s_map_lists_every_other_notebook():
+    start = next(n for n in NOTEBOOKS if n.number == "00")
+    for root in (start.source().parent.parent, RELEASE_DIR):
+        nb = nbformat.read(start.source(root), as_version=4)
+        text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        assert _linked(text) == {n.folder for n in NOTEBOOKS if n is not start}, root.name
+
+
+def test_authoring_md_links_nothing_outside_the_repository():
+    text = (REPO_ROOT / "AUTHORING.md").read_text()
+    assert not re.search(r"https?://|\.\./", text)
+    for target in re.findall(r"\]\(([^)#]+)", text):
+        assert (REPO_ROOT / target).exists(), target
