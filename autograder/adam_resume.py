@@ -18,7 +18,7 @@ import tempfile
 import numpy as np
 import torch
 
-from .checking import expect, graded_check, observe, require_callable, type_name
+from .checking import expect, graded_check, observe, type_name
 from .complete_checkpoint import run_in_fresh_process
 from .grading.sandbox import learner_exception
 from .grading.server import describe_exception
@@ -143,7 +143,6 @@ def _problem_and_gradients(seed: int, steps: int, hp: dict):
 
 @graded_check("adam_step matches torch.optim.Adam step by step (within a few ulps)")
 def check_adam_step(adam_step, seed: int = 0, steps: int = 30, **hp) -> None:
-    require_callable(adam_step, "adam_step")
     hp = hyper(**hp)
     lr = hp.get("lr", 1e-3)
     _, trajectory = _problem_and_gradients(seed, steps, hp)
@@ -175,7 +174,6 @@ def check_adam_step(adam_step, seed: int = 0, steps: int = 30, **hp) -> None:
 
 @graded_check("adam_step updates the state in place: t counts steps, m and v are the moving averages")
 def check_adam_step_state(adam_step, seed: int = 0, steps: int = 6, **hp) -> None:
-    require_callable(adam_step, "adam_step")
     hp = hyper(**hp)
     _, trajectory = _problem_and_gradients(seed, steps + 1, hp)
     w0 = trajectory[0][0]
@@ -202,7 +200,6 @@ def check_adam_step_state(adam_step, seed: int = 0, steps: int = 6, **hp) -> Non
 
 @graded_check("train_n_steps continues from the state it is given and counts n steps")
 def check_train_n_steps(train_n_steps, seed: int = 0, first: int = 7, then: int = 13, **hp) -> None:
-    require_callable(train_n_steps, "train_n_steps")
     hp = hyper(**hp)
     problem = regression_problem(seed)
     reference = TorchAdam(problem.w0, **hp)
@@ -233,7 +230,6 @@ def _trained(seed: int, k: int, hp: dict):
 
 @graded_check("save_checkpoint writes the weights and the Adam state to disk and leaves them untouched")
 def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 9, **hp) -> None:
-    require_callable(save_checkpoint, "save_checkpoint")
     _, w, state = _trained(seed, k, hyper(**hp))
     before = (w.copy(), {key: np.copy(v) for key, v in state.items()})
     with tempfile.TemporaryDirectory() as folder:
@@ -390,8 +386,6 @@ def _differs(got, ref) -> str:
 @graded_check("a full resume after a disk round trip equals the uninterrupted run bitwise")
 def check_resume_from_full_checkpoint(resume_from_full_checkpoint, save_checkpoint, seed: int = 0,
                                       k: int = 20, n: int = 50, lr: float = 0.05, **hp) -> None:
-    require_callable(resume_from_full_checkpoint, "resume_from_full_checkpoint")
-    require_callable(save_checkpoint, "save_checkpoint")
     hp = hyper(lr=lr, **hp)
     problem, (w_saved, s_saved), (w, state) = _saved_and_resumed(save_checkpoint, resume_from_full_checkpoint,
                                                                  seed, k, hp, "resume_from_full_checkpoint")
@@ -420,8 +414,6 @@ def check_resume_from_full_checkpoint(resume_from_full_checkpoint, save_checkpoi
 @graded_check("a weights-only resume restores the weights and restarts Adam's state")
 def check_resume_from_weights_only(resume_from_weights_only, save_checkpoint, seed: int = 0,
                                    k: int = 20, lr: float = 0.05, **hp) -> None:
-    require_callable(resume_from_weights_only, "resume_from_weights_only")
-    require_callable(save_checkpoint, "save_checkpoint")
     hp = hyper(lr=lr, **hp)
     problem, (w_saved, _), (w, state) = _saved_and_resumed(save_checkpoint, resume_from_weights_only,
                                                            seed, k, hp, "resume_from_weights_only", full=False)

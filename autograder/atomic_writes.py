@@ -41,7 +41,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from .checking import expect, graded_check, load_written, observe, require_callable, silence_this_process
+from .checking import expect, graded_check, load_written, observe, silence_this_process
 from .grading.confine import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
 
 CHECKPOINT_SUFFIX = ".pt"
@@ -588,7 +588,6 @@ _NO_RENAME = ("atomic_save never renamed a file onto path (no os.replace or os.r
 
 @graded_check("atomic_save: after a SIGKILL at any moment, the checkpoint loads (old or new)")
 def check_atomic_save_crash(atomic_save, seed: int = 0, trials: int = 6, layers: int = 8) -> None:
-    require_callable(atomic_save, "atomic_save")
     with _scratch_directory() as directory:  # first, one ordinary call must work
         path = os.path.join(directory, "model.pt")
         new = make_checkpoint(2, layers, seed=seed)
@@ -610,7 +609,6 @@ def check_atomic_save_crash(atomic_save, seed: int = 0, trials: int = 6, layers:
 
 @graded_check("atomic_save: the temp file is a *.tmp file in the checkpoint's own directory")
 def check_atomic_save_temp_location(atomic_save, seed: int = 0, layers: int = 2) -> None:
-    require_callable(atomic_save, "atomic_save")
     with _watched_save(atomic_save, seed, layers) as (directory, path, events):
         _, rename = _final_rename(events, path)
         expect(rename is not None, _NO_RENAME)
@@ -627,7 +625,6 @@ def check_atomic_save_temp_location(atomic_save, seed: int = 0, layers: int = 2)
 
 @graded_check("atomic_save: the temp file is fsynced after its last byte, before the rename")
 def check_atomic_save_fsync_file(atomic_save, seed: int = 0, layers: int = 2) -> None:
-    require_callable(atomic_save, "atomic_save")
     with _watched_save(atomic_save, seed, layers) as (directory, path, events):
         final_inode, final_size = _final(events)["path"], os.path.getsize(path)
         syncs = [(i, e) for i, e in enumerate(events)
@@ -650,7 +647,6 @@ def check_atomic_save_fsync_file(atomic_save, seed: int = 0, layers: int = 2) ->
 
 @graded_check("atomic_save: the directory is fsynced after the rename")
 def check_atomic_save_fsync_directory(atomic_save, seed: int = 0, layers: int = 2) -> None:
-    require_callable(atomic_save, "atomic_save")
     with _watched_save(atomic_save, seed, layers) as (directory, path, events):
         rename_index, _ = _final_rename(events, path)
         expect(rename_index is not None, _NO_RENAME)
@@ -691,7 +687,6 @@ def probe_failing_save(atomic_save, obj, path, tempdir) -> str | None:
 
 @graded_check("atomic_save: an error while saving leaves the old checkpoint and no temp file")
 def check_atomic_save_cleanup(atomic_save, seed: int = 0, layers: int = 2) -> None:
-    require_callable(atomic_save, "atomic_save")
     with _scratch_directory() as directory:
         private_tmp = os.path.join(os.path.dirname(directory), "system-tmp")
         os.mkdir(private_tmp)
@@ -756,7 +751,6 @@ def _expect_result(result, expected_path, expected_obj, situation: str) -> None:
 
 @graded_check("load_latest_checkpoint: returns the newest checkpoint, or None when there is none")
 def check_load_latest_checkpoint_newest(load_latest_checkpoint, seed: int = 0, steps: tuple = (8, 9, 10)) -> None:
-    require_callable(load_latest_checkpoint, "load_latest_checkpoint")
     with _scratch_directory() as directory:
         result, _ = _call_loader(load_latest_checkpoint, directory)
         expect(result is None, f"In an empty directory, load_latest_checkpoint returned {result!r} instead of None.")
@@ -775,7 +769,6 @@ def check_load_latest_checkpoint_newest(load_latest_checkpoint, seed: int = 0, s
 
 @graded_check("load_latest_checkpoint: skips unreadable checkpoints with a warning")
 def check_load_latest_checkpoint_unreadable(load_latest_checkpoint, seed: int = 0, steps: tuple = (3, 4)) -> None:
-    require_callable(load_latest_checkpoint, "load_latest_checkpoint")
     with _scratch_directory() as directory:
         written = _write_checkpoints(directory, list(steps), seed)
         good = list(written)[-1]
@@ -809,7 +802,6 @@ def check_load_latest_checkpoint_unreadable(load_latest_checkpoint, seed: int = 
 
 @graded_check("load_latest_checkpoint: ignores and removes temp files left by crashed writers")
 def check_load_latest_checkpoint_temp_files(load_latest_checkpoint, seed: int = 0, steps: tuple = (5,)) -> None:
-    require_callable(load_latest_checkpoint, "load_latest_checkpoint")
     with _scratch_directory() as directory:
         written = _write_checkpoints(directory, list(steps), seed)
         good = list(written)[-1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import io
 import os
 import warnings
@@ -48,14 +49,24 @@ def type_name(value: Any) -> str:
 def graded_check(what: str) -> Callable:
     """Turn a function that raises on failure into a check for a test cell.
 
-    The wrapped check runs quietly, prints ``✓ <what>`` when it passes and returns
-    None, so the cell's last line never becomes nbgrader's partial score.
+    The check's leading parameters without a default are the learner's names (``restore_state``, then a
+    ``save_checkpoint`` it needs): each must be callable, or the check fails saying so. The wrapped check
+    runs quietly, prints ``✓ <what>`` when it passes and returns None, so the cell's last line never
+    becomes nbgrader's partial score.
     """
 
     def decorate(check: Callable) -> Callable:
+        learner_names = []
+        for parameter in inspect.signature(check).parameters.values():
+            if parameter.default is not parameter.empty or parameter.kind is not parameter.POSITIONAL_OR_KEYWORD:
+                break
+            learner_names.append(parameter.name)
+
         @functools.wraps(check)
         def run(*args, **kwargs) -> None:
             with quiet():
+                for name, value in zip(learner_names, args):
+                    require_callable(value, name)
                 check(*args, **kwargs)
             print(f"✓ {what}")
 
@@ -130,6 +141,23 @@ def load_written(path):
             raise RuntimeError(f"refused to load {os.path.basename(path)!r}: its zip records are compressed "
                                f"or claim more bytes than the file holds; torch.save never writes such a file")
     return torch.load(path, weights_only=True)
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+@contextlib.contextmanager
+def failing_if_raised(call: str):
+    """Learner code run inside fails the check if it raises, with a message naming ``call``
+    (``Ledger(2, 16, 8) raised ValueError: ...``). NotImplementedError goes through as it is: the exercise
+    is not answered yet, and the runner says so."""
+    try:
+        yield
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise AssertionError(f"{call} raised {error_text(exc)}") from None
 
 
 def silence_this_process() -> None:

@@ -18,7 +18,7 @@ import io
 import torch
 from torch import nn
 
-from .checking import expect, graded_check, require_callable
+from .checking import expect, failing_if_raised, graded_check
 from .helpers import regression_data
 
 CORRECT_POLICIES = ("commit_boundary", "transaction")
@@ -166,14 +166,9 @@ def new_run_factory(seed: int = 0, accum_steps: int = 4, policy: str = "commit_b
 
 def _verdict(resume_equivalent, policy: str, seed: int, accum_steps: int, total: int, crash_at: int) -> bool:
     new_run, resume_run = new_run_factory(seed, accum_steps, policy)
-    with torch.random.fork_rng(devices=[]):  # leave the learner's global RNG as it was
-        try:
-            result = resume_equivalent(new_run, resume_run, total, crash_at)
-        except NotImplementedError:
-            raise  # not answered yet: the notebook runner reports it as such
-        except Exception as exc:
-            raise AssertionError(f"resume_equivalent(new_run, resume_run, {total}, {crash_at}) raised "
-                                 f"{type(exc).__name__}: {exc}") from None
+    with torch.random.fork_rng(devices=[]), failing_if_raised(   # the learner's global RNG left as it was
+            f"resume_equivalent(new_run, resume_run, {total}, {crash_at})"):
+        result = resume_equivalent(new_run, resume_run, total, crash_at)
     expect(isinstance(result, bool) or (torch.is_tensor(result) and result.numel() == 1),
            f"resume_equivalent should return True or False, not {type(result).__name__} {result!r:.80}.")
     return bool(result)
@@ -191,7 +186,6 @@ def _catches(resume_equivalent, policy: str, seed: int, accum_steps: int, total:
 @graded_check("resume_equivalent accepts a correct resume (at the commit boundary and mid-update)")
 def check_resume_equivalent_accepts_correct_resume(resume_equivalent, seed: int = 0, accum_steps: int = 4,
                                                    total: int = 12, crash_points=(8, 11)) -> None:
-    require_callable(resume_equivalent, "resume_equivalent")
     for policy in CORRECT_POLICIES:
         for crash_at in crash_points:
             verdict = _verdict(resume_equivalent, policy, seed, accum_steps, total, crash_at)
@@ -211,7 +205,6 @@ def check_resume_equivalent_accepts_correct_resume(resume_equivalent, seed: int 
 @graded_check("resume_equivalent catches a resume that does not restore the RNG")
 def check_resume_equivalent_catches_unrestored_rng(resume_equivalent, seed: int = 0, accum_steps: int = 4,
                                                    total: int = 12, crash_at: int = 8) -> None:
-    require_callable(resume_equivalent, "resume_equivalent")
     # A crash at an update boundary on purpose: after a mid-update crash the recomputed microbatches
     # draw from a generator that has moved on, which shows the bug even to a check in one process.
     if crash_at % accum_steps:
@@ -228,7 +221,6 @@ def check_resume_equivalent_catches_unrestored_rng(resume_equivalent, seed: int 
 @graded_check("resume_equivalent catches a resume with a changed seed")
 def check_resume_equivalent_catches_changed_seed(resume_equivalent, seed: int = 0, accum_steps: int = 4,
                                                  total: int = 12, crash_at: int = 8) -> None:
-    require_callable(resume_equivalent, "resume_equivalent")
     _catches(resume_equivalent, "changed_seed", seed, accum_steps, total, crash_at,
              "restarts with a different seed (new data order and dropout stream)")
 
@@ -236,7 +228,6 @@ def check_resume_equivalent_catches_changed_seed(resume_equivalent, seed: int = 
 @graded_check("resume_equivalent catches a weights-only resume")
 def check_resume_equivalent_catches_weights_only(resume_equivalent, seed: int = 0, accum_steps: int = 4,
                                                  total: int = 12, crash_at: int = 8) -> None:
-    require_callable(resume_equivalent, "resume_equivalent")
     _catches(resume_equivalent, "weights_only", seed, accum_steps, total, crash_at,
              "loads only the model weights (fresh momentum, learning-rate schedule and scaler)")
 
@@ -244,7 +235,6 @@ def check_resume_equivalent_catches_weights_only(resume_equivalent, seed: int = 
 @graded_check("resume_equivalent catches a mid-update checkpoint that claims uncommitted microbatches")
 def check_resume_equivalent_catches_claimed_microbatches(resume_equivalent, seed: int = 0, accum_steps: int = 4,
                                                          total: int = 12, crash_at: int = 11) -> None:
-    require_callable(resume_equivalent, "resume_equivalent")
     if crash_at % accum_steps == 0:
         raise ValueError("crash_at must fall inside an update for this check")
     _catches(resume_equivalent, "claims_uncommitted", seed, accum_steps, total, crash_at,

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checking import Remembered, expect, graded_check, observe, require_callable, silence_this_process
+from .checking import Remembered, expect, graded_check, observe, silence_this_process
 from .helpers import watch
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -486,7 +486,6 @@ def _report(found: dict[str, str], components) -> None:
 
 @graded_check("save_checkpoint writes one file that torch.load opens with its safe default")
 def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 8) -> None:
-    require_callable(save_checkpoint, "save_checkpoint")
     with preserved_rngs(), tempfile.TemporaryDirectory() as folder:
         reference = make_trainer(seed)
         train_steps(reference, k)
@@ -529,36 +528,27 @@ def _record_difference(a: dict, b: dict) -> str:
     return ", ".join(f"{key} {a[key]!r} instead of {b[key]!r}" for key in b if a.get(key) != b[key])
 
 
+def _report_group(group: str, load_checkpoint, save_checkpoint, seed: int, k: int, n: int) -> None:
+    _report(diagnose(resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)), COMPONENT_GROUPS[group])
+
+
 @graded_check("after load_checkpoint, model, optimizer, scheduler, scaler and counters match step k")
-def check_load_checkpoint_training_state(load_checkpoint, save_checkpoint, seed: int = 0, k: int = 8,
-                                         n: int = 14) -> None:
-    require_callable(load_checkpoint, "load_checkpoint")
-    require_callable(save_checkpoint, "save_checkpoint")
-    _report(diagnose(resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)),
-            COMPONENT_GROUPS["training_state"])
+def check_load_checkpoint_training_state(load_checkpoint, save_checkpoint, seed=0, k=8, n=14) -> None:
+    _report_group("training_state", load_checkpoint, save_checkpoint, seed, k, n)
 
 
 @graded_check("after load_checkpoint, the torch, NumPy and Python RNGs continue where they were")
-def check_load_checkpoint_rng(load_checkpoint, save_checkpoint, seed: int = 0, k: int = 8, n: int = 14) -> None:
-    require_callable(load_checkpoint, "load_checkpoint")
-    require_callable(save_checkpoint, "save_checkpoint")
-    _report(diagnose(resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)),
-            COMPONENT_GROUPS["rng"])
+def check_load_checkpoint_rng(load_checkpoint, save_checkpoint, seed=0, k=8, n=14) -> None:
+    _report_group("rng", load_checkpoint, save_checkpoint, seed, k, n)
 
 
 @graded_check("after load_checkpoint, the loader continues mid-epoch with the next samples")
-def check_load_checkpoint_data_position(load_checkpoint, save_checkpoint, seed: int = 0, k: int = 8,
-                                        n: int = 14) -> None:
-    require_callable(load_checkpoint, "load_checkpoint")
-    require_callable(save_checkpoint, "save_checkpoint")
-    _report(diagnose(resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)),
-            COMPONENT_GROUPS["data_position"])
+def check_load_checkpoint_data_position(load_checkpoint, save_checkpoint, seed=0, k=8, n=14) -> None:
+    _report_group("data_position", load_checkpoint, save_checkpoint, seed, k, n)
 
 
 @graded_check("a resume in a fresh process equals the uninterrupted run bitwise")
 def check_load_checkpoint(load_checkpoint, save_checkpoint, seed: int = 0, k: int = 8, n: int = 14) -> None:
-    require_callable(load_checkpoint, "load_checkpoint")
-    require_callable(save_checkpoint, "save_checkpoint")
     experiment = resume_experiment(save_checkpoint, load_checkpoint, seed, k, n)
     mismatch = None
     for a, b in zip(experiment.resumed, experiment.expected):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from torch.utils.data.distributed import DistributedSampler
 
-from .checking import expect, graded_check, require_callable
+from .checking import expect, graded_check
 
 
 # ---- the real sampler, seen globally ------------------------------------------------------
@@ -104,7 +104,6 @@ def _show(indices: list[int], limit: int = 12) -> str:
 
 @graded_check("epoch_order draws DistributedSampler's permutation and rank layout")
 def check_epoch_order_permutation(epoch_order, seed: int = 0) -> None:
-    require_callable(epoch_order, "epoch_order")
     # n divisible by the world size: no padding or trimming, only the permutation and the layout.
     for n, world_size in ((12, 3), (16, 4), (10, 5), (7, 1), (24, 8), (20, 2)):
         for shuffle in (True, False):
@@ -133,7 +132,6 @@ def check_epoch_order_permutation(epoch_order, seed: int = 0) -> None:
 
 @graded_check("epoch_order reshuffles each epoch with seed + epoch, as set_epoch does")
 def check_epoch_order_epochs(epoch_order, seed: int = 0) -> None:
-    require_callable(epoch_order, "epoch_order")
     n, world_size, base = 20, 4, seed + 3
     orders = {epoch: _order(epoch_order, n, base, epoch, world_size) for epoch in range(5)}
     repeats = [e for e in range(1, 5) if orders[e] == orders[0]]
@@ -152,7 +150,6 @@ def check_epoch_order_epochs(epoch_order, seed: int = 0) -> None:
 
 @graded_check("epoch_order pads with the head of the list, wrapping when the dataset is small")
 def check_epoch_order_padding(epoch_order, seed: int = 0) -> None:
-    require_callable(epoch_order, "epoch_order")
     # n not divisible by the world size; the last three need more than one copy of the list.
     for n, world_size in ((10, 4), (7, 3), (13, 6), (3, 8), (2, 7), (1, 5)):
         total = sampler_total_size(n, world_size, drop_last=False)
@@ -178,7 +175,6 @@ def check_epoch_order_padding(epoch_order, seed: int = 0) -> None:
 
 @graded_check("epoch_order with drop_last=True trims the tail of the same list")
 def check_epoch_order_drop_last(epoch_order, seed: int = 0) -> None:
-    require_callable(epoch_order, "epoch_order")
     for n, world_size in ((10, 4), (7, 3), (13, 6), (9, 2), (3, 8)):
         total = sampler_total_size(n, world_size, drop_last=True)
         for shuffle in (True, False):
@@ -244,7 +240,6 @@ class _Resume:
 
 
 def _check_each_scenario(resume_shards, seed: int, judge) -> None:
-    require_callable(resume_shards, "resume_shards")
     for scenario in _resume_scenarios(seed):
         judge(_Resume(resume_shards, scenario))
 

@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-from .checking import expect, graded_check, require_callable
+from .checking import expect, graded_check
 from .helpers import regression_data, tiny_mlp, train_step
 
 
@@ -45,7 +45,6 @@ def _identical_are_same(same_weights, a, b) -> None:
 
 @graded_check("same_weights tells identical models from different ones")
 def check_same_weights(same_weights, seed: int = 0, hidden: int = 8, batchnorm: bool = False) -> None:
-    require_callable(same_weights, "same_weights")
     model, twin, (X, y) = _trained_pair(seed, hidden, batchnorm)
     _identical_are_same(same_weights, model, twin)
     train_step(twin, torch.optim.SGD(twin.parameters(), lr=0.1), X, y)
@@ -56,7 +55,6 @@ def check_same_weights(same_weights, seed: int = 0, hidden: int = 8, batchnorm: 
 
 @graded_check("same_weights sees a difference of a single rounding step")
 def check_same_weights_exact(same_weights, seed: int = 0, hidden: int = 8) -> None:
-    require_callable(same_weights, "same_weights")
     model, twin, _ = _trained_pair(seed, hidden, batchnorm=False)
     _identical_are_same(same_weights, model, twin)
     with torch.no_grad():
@@ -73,7 +71,6 @@ def check_same_weights_exact(same_weights, seed: int = 0, hidden: int = 8) -> No
 
 @graded_check("same_weights compares buffers too, not only parameters")
 def check_same_weights_buffers(same_weights, seed: int = 0, hidden: int = 8) -> None:
-    require_callable(same_weights, "same_weights")
     model, twin, _ = _trained_pair(seed, hidden, batchnorm=True)
     _identical_are_same(same_weights, model, twin)
     with torch.no_grad():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .checking import expect, graded_check, max_abs_diff, observe, require_callable, type_name
+from .checking import expect, graded_check, max_abs_diff, observe, type_name
 from .helpers import (live_tensors, regression_data, serialized_copy, storage_pointer, tiny_mlp, train_step,
                       watch)
 
@@ -207,7 +207,6 @@ def _expect_only_loaded(tampering: list) -> None:
 
 @graded_check("snapshot_state returns loadable model and optimizer state dicts")
 def check_snapshot_state(snapshot_state, seed: int = 0, variant: str = "adam") -> None:
-    require_callable(snapshot_state, "snapshot_state")
     run = _Run(seed, variant)
     run.train(3)
     expected = run.state()
@@ -225,7 +224,6 @@ def check_snapshot_state(snapshot_state, seed: int = 0, variant: str = "adam") -
 
 @graded_check("the snapshot's model state does not move when training continues")
 def check_snapshot_state_model(snapshot_state, seed: int = 0, variant: str = "adam") -> None:
-    require_callable(snapshot_state, "snapshot_state")
     run = _Run(seed, variant)
     run.train(2)
     expected = run.state()["model"]
@@ -251,7 +249,6 @@ def check_snapshot_state_model(snapshot_state, seed: int = 0, variant: str = "ad
 
 @graded_check("the snapshot's optimizer state does not move when training continues")
 def check_snapshot_state_optimizer(snapshot_state, seed: int = 0, variant: str = "adam") -> None:
-    require_callable(snapshot_state, "snapshot_state")
     run = _Run(seed, variant)
     run.train(2)
     expected = _optimizer_tensors(run.state()["optimizer"])
@@ -279,19 +276,21 @@ def check_snapshot_state_optimizer(snapshot_state, seed: int = 0, variant: str =
                 "take the snapshot, not just the dict around them.")
 
 
-def _trained_snapshot(seed: int, variant: str) -> dict:
+def _restored(probe, restore_state, seed: int, variant: str) -> tuple[dict, dict]:
+    """A snapshot of 4 trained steps, restored by the learner's code in ``probe``: what the probe saw, and
+    a copy of the snapshot as it was given."""
     source = _Run(seed, variant)
     source.train(4)
-    return source.state()
+    snapshot = source.state()
+    given = serialized_copy(snapshot)
+    seen = observe(probe, restore_state, snapshot, seed, variant)
+    _expect_only_loaded(seen["tampering"])
+    return seen, given
 
 
 @graded_check("restore_state puts the model and the optimizer back to the snapshot")
 def check_restore_state(restore_state, seed: int = 0, variant: str = "adam") -> None:
-    require_callable(restore_state, "restore_state")
-    snapshot = _trained_snapshot(seed, variant)
-    expected = serialized_copy(snapshot)
-    seen = observe(probe_restore, restore_state, snapshot, seed, variant)
-    _expect_only_loaded(seen["tampering"])
+    seen, expected = _restored(probe_restore, restore_state, seed, variant)
     restored = seen["restored"]
     _compare_model(restored["model"], expected["model"], "after restore_state, the model state")
     expect(_optimizer_tensors(restored["optimizer"]),
@@ -322,11 +321,7 @@ def check_restore_state(restore_state, seed: int = 0, variant: str = "adam") -> 
 
 @graded_check("restoring twice from one snapshot gives identical runs")
 def check_restore_state_twice(restore_state, seed: int = 0, variant: str = "adam") -> None:
-    require_callable(restore_state, "restore_state")
-    given = _trained_snapshot(seed, variant)
-    untouched = serialized_copy(given)
-    seen = observe(probe_restore_twice, restore_state, given, seed, variant)
-    _expect_only_loaded(seen["tampering"])
+    seen, untouched = _restored(probe_restore_twice, restore_state, seed, variant)
     snapshot = seen["snapshot"]      # as the first restore and 3 steps of training left it
     for (index, key), ref in _optimizer_tensors(untouched["optimizer"]).items():
         value = _optimizer_tensors(snapshot["optimizer"])[(index, key)]

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from .checking import Remembered, expect, graded_check, observe, require_callable
+from .checking import Remembered, error_text, expect, failing_if_raised, graded_check, observe
 from .portable import portable
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def probe_peek_then_streams(dataset, seed: int, num_workers: int) -> dict:
     except NotImplementedError:
         raise
     except Exception as exc:                 # reported as data: the check words it
-        return {"peek_error": _error_text(exc)}
+        return {"peek_error": error_text(exc)}
     return {"sample": sample, **probe_worker_streams(dataset, None, seed=seed, num_workers=num_workers)}
 
 
@@ -273,7 +273,6 @@ _SEED_WORKER_HINT = ("Reseed the dataset's own generators in seed_worker, reachi
 
 @graded_check("seed_worker: each worker draws its own augmentation stream")
 def check_seed_worker_workers(seed_worker, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
-    require_callable(seed_worker, "seed_worker")
     (epoch,) = _seed_worker_streams(seed_worker, seed, num_workers, size, epochs=1)
     _shape_ok([epoch], "NoisyDataset")
     _expect_workers_differ(epoch, "With worker_init_fn=seed_worker", _SEED_WORKER_HINT)
@@ -281,14 +280,12 @@ def check_seed_worker_workers(seed_worker, seed: int = 0, num_workers: int = 2, 
 
 @graded_check("seed_worker: a new epoch brings new augmentations")
 def check_seed_worker_epochs(seed_worker, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
-    require_callable(seed_worker, "seed_worker")
     first, second = _seed_worker_streams(seed_worker, seed, num_workers, size, epochs=2)
     _expect_epochs_differ(first, second, "With worker_init_fn=seed_worker", _EPOCH_HINT)
 
 
 @graded_check("seed_worker: the same loader seed gives the same augmentations")
 def check_seed_worker_reproducible(seed_worker, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
-    require_callable(seed_worker, "seed_worker")
     # Two loaders built alike: the one-epoch run and the first epoch of the two-epoch run.
     (run_a,) = _seed_worker_streams(seed_worker, seed, num_workers, size, epochs=1)
     run_b, _ = _seed_worker_streams(seed_worker, seed, num_workers, size, epochs=2)
@@ -297,24 +294,11 @@ def check_seed_worker_reproducible(seed_worker, seed: int = 0, num_workers: int 
                          "torch.initial_seed()), not from the clock, the process id or fresh OS entropy.")
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 def _lazy_dataset(LazyNoisyDataset, size: int):
-    require_callable(LazyNoisyDataset, "LazyNoisyDataset")
-    try:
+    with failing_if_raised(f"LazyNoisyDataset({size})"):
         dataset = LazyNoisyDataset(size)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"LazyNoisyDataset({size}) raised {_error_text(exc)}") from None
-    try:
+    with failing_if_raised(f"len(LazyNoisyDataset({size}))"):
         length = len(dataset)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"len(LazyNoisyDataset({size})) raised {_error_text(exc)}") from None
     expect(length == size, f"len(LazyNoisyDataset({size})) is {length}, expected {size}.")
     return dataset
 

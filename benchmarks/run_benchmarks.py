@@ -266,9 +266,6 @@ def bench_ledger(big: bool) -> dict:
 
 
 def print_ledger(result: dict) -> None:
-    if "skipped" in result:
-        say(f"\nLedger audit: skipped ({result['skipped']})")
-        return
     say(f"\nLedger audit growth (100 spans; the per-sample set stops where it no longer fits; load {load()[0]})")
     say(f"{'audit':<26} {'positions':>15} {'seconds':>10}")
     for r in result["growth"]:
@@ -334,9 +331,6 @@ def bench_atomic(sizes_mb: list[int], repeats: int) -> dict:
 
 
 def print_atomic(result: dict) -> None:
-    if "skipped" in result:
-        say(f"\natomic_save: skipped ({result['skipped']})")
-        return
     say(f"\natomic_save (notebook 05's solution) vs torch.save, medians of {result['repeats']} (load {load()[0]})")
     say(f"{'size':>8} {'torch.save':>11} {'+ fsync':>9} {'atomic_save':>12} {'ratio':>6} {'vs +fsync':>10}")
     for r in result["rows"]:
@@ -393,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     say("\n================ results ================")
     for key, show in (("notebooks", print_notebooks), ("grading", print_grading), ("ledger", print_ledger),
                       ("atomic", print_atomic)):
-        if key in results:
+        if key in results and "skipped" in results[key]:
+            say(f"\n{key}: skipped ({results[key]['skipped']})")
+        elif key in results:
             show(results[key])
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))

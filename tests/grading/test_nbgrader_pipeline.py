@@ -108,6 +108,20 @@ def test_learner_validate_button_agrees(course):
     assert not correct.get("failed") and not correct.get("changed")
 
 
+def config_before_the_layout_change() -> str:
+    """nbgrader_config.py as released before autograder/ was laid out by role: the same file with the
+    module names of then."""
+    config = (ROOT / "nbgrader_config.py").read_text()
+    then = {"from autograder.contract import DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS":
+            "from autograder.notebook_runner import DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS",
+            "from autograder.grading.nbgrader_plugins import JudgeInSandbox, RedactHiddenTests":
+            "from autograder.nbgrader_feedback import RedactHiddenTests\nfrom autograder.nbgrader_judge import JudgeInSandbox"}
+    for now, before in then.items():
+        assert now in config, now
+        config = config.replace(now, before)
+    return config
+
+
 def test_a_course_set_up_before_the_layout_change_still_autogrades(tmp_path):
     """A course folder from the release before autograder/ was laid out by role keeps its own copy of
     nbgrader_config.py (it imports autograder.nbgrader_judge, .nbgrader_feedback and .notebook_runner)
@@ -115,8 +129,7 @@ def test_a_course_set_up_before_the_layout_change_still_autogrades(tmp_path):
     name = "00_start_here"
     course = tmp_path / "course"
     course.mkdir()
-    shutil.copy(ROOT / "tests" / "support" / "fixtures" / "nbgrader_config_before_layout.py",
-                course / "nbgrader_config.py")
+    (course / "nbgrader_config.py").write_text(config_before_the_layout_change())
     shutil.copytree(ROOT / "solutions" / name, course / "solutions" / name)
     assert nbgrader(course, "generate_assignment", name).returncode == 0
     released = course / "notebooks" / name / f"{name}.ipynb"

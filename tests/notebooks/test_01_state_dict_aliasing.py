@@ -14,34 +14,6 @@ SNAPSHOT_CHECKS, RESTORE_CHECKS = checks_of("01", "snapshot_state"), checks_of("
 
 
 
-def test_live_state_dict_is_caught_with_a_message_naming_the_trap():
-    message = failure_of(checks.check_snapshot_state_optimizer, impls.snapshot_live_references)
-    assert "shares storage with the live optimizer's exp_avg" in message
-    message = failure_of(checks.check_snapshot_state_model, impls.snapshot_detach_is_not_a_copy)
-    assert "state_dict() returns references" in message
-
-
-def test_step_counter_alias_is_named():
-    message = failure_of(checks.check_snapshot_state_optimizer, impls.snapshot_step_count_aliased)
-    assert "step count" in message and "in place" in message
-
-
-def test_load_side_aliasing_is_named():
-    message = failure_of(checks.check_restore_state_twice, impls.restore_aliasing)
-    assert "load_state_dict(d) keeps using d's tensors" in message
-
-
-def test_code_that_stops_the_training_after_it_is_named():
-    """A snapshot that did not move counts only if the live run did: replacing optimizer.step on the instance,
-    or setting the live learning rate to 0, is named instead of passing as an independent snapshot."""
-    message = failure_of(checks.check_snapshot_state_model, impls.snapshot_live_freezing_step)
-    assert "optimizer.step replaced on the instance" in message and "snapshot_state must only read" in message
-    message = failure_of(checks.check_snapshot_state_optimizer, impls.snapshot_detach_freezing_lr)
-    assert "the live model's '0.weight'" in message and "did not happen as it should" in message
-    message = failure_of(checks.check_restore_state_twice, impls.restore_aliasing_hidden_by_a_fake_step)
-    assert "optimizer.step replaced on the instance" in message and "restore_state must only load" in message
-
-
 def test_assign_trap_is_named_with_batchnorm_too():
     """BatchNorm's running statistics move in every forward pass: they do not show that the optimizer still
     updates the model's parameters (before, the assign=True trap passed the hidden BatchNorm variant)."""

@@ -14,47 +14,6 @@ from notebook_checks import lost_checks
 
 
 
-def test_missing_bias_correction_is_named_on_the_first_step():
-    message = failure_of(checks.check_adam_step, impls.adam_step_no_bias_correction)
-    assert "t=1" in message and "about lr" in message and "zero start" in message
-
-
-def test_step_count_reset_on_resume_is_named():
-    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
-        impls.resume_full_without_step_count, impls.save_without_step_count), None)
-    assert "t = 0" in message and "bias correction" in message
-
-
-def test_weights_only_disguised_as_full_resume_is_caught():
-    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
-        impls.resume_full_is_weights_only, impls.save_npz), None)
-    assert "restarted" in message
-
-
-def test_missing_second_moment_in_checkpoint_is_named():
-    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
-        impls.resume_full_without_second_moment, impls.save_without_second_moment), None)
-    assert "second moment v" in message and "all zeros" in message
-
-
-def test_float32_checkpoint_is_named():
-    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
-        impls.resume_full_float32, impls.save_float32), None)
-    assert "float32" in message
-
-
-def test_in_memory_checkpoint_is_named():
-    assert "wrote nothing to disk" in failure_of(checks.check_save_checkpoint, impls.save_in_memory)
-    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
-        impls.resume_full_in_memory, impls.save_in_memory), None)
-    assert "not really on disk" in message
-
-
-def test_state_kept_in_a_local_dict_is_named():
-    message = failure_of(checks.check_adam_step_state, impls.adam_step_state_rebound)
-    assert "in place" in message
-
-
 def test_checks_report_a_non_callable_answer():
     assert "should be a function" in failure_of(checks.check_adam_step, None)
 

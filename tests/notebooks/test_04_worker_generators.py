@@ -17,13 +17,6 @@ from check_outcomes import failure_of
 from fixtures import worker_seeding_impls as impls
 
 # The visible test arguments and the hidden ones the notebook uses.
-def test_copied_generator_message_names_the_trap_with_evidence():
-    message = failure_of(checks.check_seed_worker_workers, impls.seed_worker_documented_globals_only)
-    assert "drew exactly the same torch.Generator stream" in message and "get_worker_info" in message
-    message = failure_of(checks.check_LazyNoisyDataset_peek, impls.LazyOnceInWhicheverProcess)
-    assert "created in the main process" in message
-
-
 def test_an_error_inside_a_worker_is_reported_not_raised():
     def broken(worker_id):
         raise ValueError("no such attribute")

@@ -2,7 +2,7 @@
 
 The calls (visible and hidden) are read from the solution notebooks, never copied here: a right answer
 must pass all of its exercises' calls, and each plausible wrong answer must lose exactly the checks its
-fixture table names. Which checks an exercise has follows the grading contract (``test_<name>[_aspect]``).
+fixture table names, with messages that say what the table says they say (the trap, and its evidence). Which checks an exercise has follows the grading contract (``test_<name>[_aspect]``).
 """
 
 import inspect
@@ -11,7 +11,7 @@ import pytest
 
 from autograder.course import NOTEBOOKS, SOLUTIONS_DIR
 from notebook_checks import (check_calls, checks_module, checks_of, exercises_of, fixtures_of, label, lost_checks,
-                             right_answers, wrong_answers)
+                             phrases, right_answers, wrong_answers)
 
 NUMBERS = [n.number for n in NOTEBOOKS]
 RIGHT = [(key, answer) for key in NUMBERS for answer in right_answers(key)]
@@ -24,9 +24,11 @@ def test_a_right_answer_passes_every_check(key, answer):
 
 
 @pytest.mark.parametrize("key, answer, expected", WRONG, ids=[f"{k}-{label(a)}" for k, a, _ in WRONG])
-def test_a_wrong_answer_loses_exactly_its_checks(key, answer, expected):
+def test_a_wrong_answer_loses_exactly_its_checks_each_naming_its_trap(key, answer, expected):
     lost = lost_checks(key, answer, expected)
     assert set(lost) == set(expected), lost
+    for check, said in phrases(expected).items():
+        assert all(phrase in lost[check] for phrase in said), (check, said, lost[check])
 
 
 def test_every_solution_folder_has_a_registry_entry_and_every_entry_a_folder():

@@ -5,7 +5,8 @@ from ``solutions/``, and which exercise a test cell grades follows the grading c
 (``contract.exercise_of``). Every notebook's fixture module (``fixtures.<checks>_impls``) has one shape:
 
     CORRECT = {exercise: [answer, ...]}      right answers, written differently from ours
-    WRONG = {answer: {check, ...}}           a plausible wrong answer -> the checks it must lose
+    WRONG = {answer: {check, ...}}           a plausible wrong answer -> the checks it must lose, or
+    WRONG = {answer: {check: phrases}}       ... with what each of their messages must say (its trap)
 
 An answer is an implementation (a function or class named as the learner might), or, where the
 notebook's exercises work together (a save and the resume that reads it), a tuple of
@@ -158,6 +159,13 @@ def run_call(call: CheckCall, check, names: dict):
     """A check call as the test cell makes it, with ``names`` bound to the learner names: None when it
     passes, else its message."""
     return failure_of(check, *(names[n] for n in call.learner_names), **call.arguments)
+
+
+def phrases(expected) -> dict[str, tuple[str, ...]]:
+    """check -> what its message must say, from a WRONG entry (a set of checks says nothing of messages)."""
+    if isinstance(expected, dict):
+        return {check: (said,) if isinstance(said, str) else tuple(said) for check, said in expected.items()}
+    return {check: () for check in expected}
 
 
 def lost_checks(key: str, answer, expected: set[str] = frozenset()) -> dict[str, str]:
