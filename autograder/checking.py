@@ -13,6 +13,7 @@ import functools
 import inspect
 import io
 import os
+import traceback
 import warnings
 from typing import Any, Callable
 
@@ -64,15 +65,48 @@ def graded_check(what: str) -> Callable:
 
         @functools.wraps(check)
         def run(*args, **kwargs) -> None:
-            with quiet():
-                for name, value in zip(learner_names, args):
-                    require_callable(value, name)
-                check(*args, **kwargs)
+            try:
+                with quiet():
+                    for name, value in zip(learner_names, args):
+                        require_callable(value, name)
+                    check(*args, **kwargs)
+            except Exception as exc:
+                _show_briefly(exc, learner_names[0] if learner_names else "the answer")
+                raise
             print(f"✓ {what}")
 
         return run
 
     return decorate
+
+
+def _show_briefly(exc: BaseException, answer: str) -> None:
+    """How a failing check looks in the learner's notebook: the trap's message, and the frames of the
+    learner's own code an exception came through, not a traceback through the checks' frames. IPython
+    shows an exception that has ``_render_traceback_`` as the lines it returns; the cell still ends in
+    the same error (same type and message), so nbgrader scores it as before. An error that did not pass
+    through the learner's code, nor is a check's verdict, keeps its full traceback: it is a bug to report."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _in_a_notebook_cell(f.filename)]
+    if isinstance(exc, NotImplementedError) and not isinstance(exc, AssertionError):
+        where = frames[-1].name if frames else answer
+        lines = [f"{_RED}NotImplementedError{_RESET}: `{where}` is not answered yet: its answer cell still "
+                 f"raises NotImplementedError. Write your answer there, run that cell, then this one."]
+    elif isinstance(exc, AssertionError) or frames:
+        shown = [f"  in your code, line {f.lineno}, in {f.name}: {(f.line or '').strip()}" for f in frames]
+        lines = [*shown, f"{_RED}{type(exc).__name__}{_RESET}: {exc}"]
+    else:
+        return
+    try:
+        exc._render_traceback_ = lambda: lines
+    except AttributeError:   # an exception type without instance attributes keeps its traceback
+        pass
+
+
+_RED, _RESET = "\x1b[0;31m", "\x1b[0m"
+
+
+def _in_a_notebook_cell(filename: str) -> bool:
+    return "ipykernel_" in filename or filename.startswith("<ipython-input")
 
 
 def observe(probe: Callable, *args, **kwargs):
