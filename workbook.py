@@ -9,7 +9,7 @@
     python3 workbook.py grade 01  grade a class in parallel into nbgrader's gradebook, then a
                                   per-trap summary of what the class got wrong (instructors)
     python3 workbook.py release   regenerate notebooks/ from solutions/ with nbgrader (authors;
-                                  add assignment names to release only those)
+                                  add names or prefixes such as 04 to release only those)
 
 Extra arguments go to the tool underneath (jupyter lab, pytest, workbook-check).
 The environment is reinstalled only when pyproject.toml has changed.
@@ -70,7 +70,9 @@ def run(args: list[str]) -> int:
 
 def release(names: list[str]) -> int:
     """notebooks/ = nbgrader generate_assignment(solutions/), for the named or all assignments."""
-    assignments = names or sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
+    sys.path.insert(0, str(ROOT))
+    from autograder.course import NOTEBOOKS, matching   # the registry imports nothing but the standard library
+    assignments = matching(names, [notebook.folder for notebook in NOTEBOOKS], "workbook.py release")
     with tempfile.TemporaryDirectory() as tmp:
         # A throwaway gradebook: releasing must not touch an instructor's grades.
         db = f"--CourseDirectory.db_url=sqlite:///{Path(tmp) / 'release.db'}"
