@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import class_grading
+from autograder.commands import grade as class_grading
 from autograder.commands.check import grade_notebook
 from autograder.contract import nbgrader_meta
 from fixtures import hostile_submissions as catalog
