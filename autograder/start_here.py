@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-from .checking import expect, graded_check
+from .checking import expect, graded_check, observe
 from .helpers import regression_data, tiny_mlp, train_step
 
 
@@ -27,46 +27,86 @@ def _trained_pair(seed: int, hidden: int, batchnorm: bool):
     return model, copy.deepcopy(model), (X, y)
 
 
-def _verdict(same_weights, a, b, what: str) -> bool:
-    answer = same_weights(a, b)
+def probe_same_weights(same_weights, a, b) -> dict:
+    """Runs where the learner's same_weights lives: its answer, and what the call changed there (the
+    models' saved state, torch's global random number generator), as data."""
+    before = [{k: v.clone() for k, v in model.state_dict().items()} for model in (a, b)]
+    with torch.random.fork_rng(devices=[]):
+        # A state of the probe's own, so that an answer seeding the RNG shows even when the state it seeds
+        # happens to be the one it found; the caller's state is put back afterwards.
+        torch.manual_seed(0x5EED5)
+        rng = torch.get_rng_state()
+        answer = same_weights(a, b)
+        rng_moved = not torch.equal(rng, torch.get_rng_state())
     if torch.is_tensor(answer) and answer.numel() == 1:
         answer = bool(answer)
-    expect(isinstance(answer, bool),
-           f"same_weights should return True or False, but for {what} it returned {type(answer).__name__} "
-           f"{answer!r:.80}.")
-    return answer
+    changed = [f"{which}'s {key!r}" for which, model, old in (("model_a", a, before[0]), ("model_b", b, before[1]))
+               for key, value in model.state_dict().items() if not torch.equal(value, old[key])]
+    return {"answer": answer if isinstance(answer, bool) else None, "type": type(answer).__name__,
+            "shown": repr(answer)[:80], "changed": changed, "rng_moved": rng_moved}
+
+
+def _verdict(same_weights, a, b, what: str, side_effects: bool = False) -> bool:
+    seen = observe(probe_same_weights, same_weights, a, b)
+    expect(seen["answer"] is not None,
+           f"same_weights should return True or False, but for {what} it returned {seen['type']} {seen['shown']}.")
+    if side_effects:
+        expect(not seen["changed"],
+               f"same_weights changed the models it compared ({', '.join(seen['changed'][:3])} moved): running a "
+               f"model in training mode updates BatchNorm's running statistics. Compare what the models hold "
+               f"(their state_dict) without running them.")
+        expect(not seen["rng_moved"],
+               "same_weights moved torch's global random number generator (it drew random numbers, say an input "
+               "to run both models on): the training that follows would draw other batches and dropout masks. "
+               "Compare what the models hold, without drawing anything.")
+    return seen["answer"]
+
+
+_SAID_FALSE_FOR_TWINS = ("same_weights said False for two models with identical state (one is a deep copy of the "
+                         "other). Does it compare the models' values, rather than the objects themselves?")
 
 
 def _identical_are_same(same_weights, a, b) -> None:
-    expect(_verdict(same_weights, a, b, "two identical models"),
-           "same_weights said False for two models with identical state (one is a deep copy of the "
-           "other). Does it compare the models' values, rather than the objects themselves?")
+    expect(_verdict(same_weights, a, b, "two identical models"), _SAID_FALSE_FOR_TWINS)
 
 
 @graded_check("same_weights tells identical models from different ones")
 def check_same_weights(same_weights, seed: int = 0, hidden: int = 8, batchnorm: bool = False) -> None:
     model, twin, (X, y) = _trained_pair(seed, hidden, batchnorm)
-    _identical_are_same(same_weights, model, twin)
+    expect(_verdict(same_weights, model, twin, "two identical models", side_effects=True),
+           _SAID_FALSE_FOR_TWINS)
     train_step(twin, torch.optim.SGD(twin.parameters(), lr=0.1), X, y)
-    expect(not _verdict(same_weights, model, twin, "two different models"),
+    expect(not _verdict(same_weights, model, twin, "two different models", side_effects=True),
            "same_weights said True for two models whose weights differ clearly (one took an extra "
-           "training step).")
+           "training step): does it compare the values, or only names and shapes?")
 
 
-@graded_check("same_weights sees a difference of a single rounding step")
+@graded_check("same_weights sees a difference of a single rounding step, in any tensor")
 def check_same_weights_exact(same_weights, seed: int = 0, hidden: int = 8) -> None:
     model, twin, _ = _trained_pair(seed, hidden, batchnorm=False)
     _identical_are_same(same_weights, model, twin)
+    # Not the first tensor: an answer that looks at only some of them must not pass by luck.
+    names = [name for name, _ in twin.named_parameters()]
+    name = names[(seed + 1) % len(names)]
+    tensor = twin.get_parameter(name)
     with torch.no_grad():
-        weight = twin[0].weight
-        # The next representable float32 above one weight: the smallest drift a resume can show.
-        weight[0, 0] = torch.nextafter(weight[0, 0], torch.tensor(float("inf")))
-    diff = (twin[0].weight - model[0].weight).abs().max().item()
-    if bool(_verdict(same_weights, model, twin, "two nearly equal models")):
+        # The next representable float32 above one entry: the smallest drift a resume can show.
+        flat = tensor.view(-1)
+        flat[0] = torch.nextafter(flat[0], torch.tensor(float("inf")))
+    diff = (tensor - model.get_parameter(name)).abs().max().item()
+    if not _verdict(same_weights, model, twin, "two nearly equal models"):
+        return
+    with torch.no_grad():
+        tensor.add_(1.0)
+    if _verdict(same_weights, model, twin, f"models that differ by 1.0 in {name!r}"):
         raise AssertionError(
-            f"same_weights said True for two models that differ in one weight by {diff:.1e}. A tolerance "
-            f"(as in torch.allclose) hides exactly the small drift a broken resume leaves behind; on one CPU "
-            f"a correct resume is bitwise equal. How can you compare without any tolerance?")
+            f"same_weights said True for two models whose {name!r} differs by 1.0 in every entry: it does not "
+            f"look at that tensor at all. Compare every tensor the model holds, not only some of them.")
+    raise AssertionError(
+        f"same_weights said True for two models that differ in one entry of {name!r} by {diff:.1e} (one rounding "
+        f"step). A tolerance (as in torch.allclose), a sum of the values, or the models' outputs on some input hide "
+        f"exactly the small drift a broken resume leaves behind; on one CPU a correct resume is bitwise equal. How can you compare without any "
+        f"tolerance?")
 
 
 @graded_check("same_weights compares buffers too, not only parameters")
