@@ -1,29 +1,49 @@
 """Checks for notebook 08: the commit boundary and resume equivalence.
 
 ``AccumulationRun`` is a small but complete training loop: dropout (drawing from
-the global RNG), a shuffled data order rebuilt from (seed, epoch), SGD with
-momentum, a StepLR schedule, a GradScaler and gradient accumulation. Its
-``policy`` picks how it checkpoints and resumes: two correct ways, and one way
-for each trap the notebook names. The capstone check drives the learner's
-``resume_equivalent`` with runs of each policy, as a black box: it must accept
-both correct resumes and reject every broken one.
+the global RNG), a running mean of the hidden activations (a buffer), a shuffled
+data order rebuilt from (seed, epoch), SGD with momentum, a StepLR schedule, a
+GradScaler and gradient accumulation. A policy of the notebook picks how it
+checkpoints and how it resumes: two correct ways, one way for each trap the
+notebook names, and two that test the comparison itself (a resume that differs
+in one tensor, one whose last bits differ). The capstone checks drive the
+learner's ``resume_equivalent`` with runs of each policy, as a black box: it must
+accept both correct resumes and reject every broken one. What they hand to it
+(``NewRun``, ``ResumeRun``, the runs and their checkpoints) carries numbers, never
+the name of the policy being tested.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import io
+import math
 
+import numpy as np
 import torch
 from torch import nn
 
-from .checking import expect, failing_if_raised, graded_check
+from .checking import expect, failing_if_raised, graded_check, max_abs_diff
 from .helpers import regression_data
 
+# How a run writes its checkpoint, and how a resume rebuilds it. Each scenario of the notebook (a "policy")
+# pairs one of each: two correct ones, one per trap the notebook names, and two that test the comparison
+# itself (a resume that differs in one tensor only, and one whose last bits differ).
+CHECKPOINTING = ("commit_boundary", "transaction", "claims_uncommitted")
+RESUMING = ("complete", "unrestored_rng", "changed_seed", "weights_only", "parameters_only", "last_bits_differ")
+POLICY_PARTS = {
+    "commit_boundary": ("commit_boundary", "complete"),
+    "transaction": ("transaction", "complete"),
+    "unrestored_rng": ("commit_boundary", "unrestored_rng"),
+    "changed_seed": ("commit_boundary", "changed_seed"),
+    "weights_only": ("commit_boundary", "weights_only"),
+    "claims_uncommitted": ("claims_uncommitted", "complete"),
+    "buffers_not_restored": ("commit_boundary", "parameters_only"),
+    "last_bits_differ": ("commit_boundary", "last_bits_differ"),
+}
 CORRECT_POLICIES = ("commit_boundary", "transaction")
-BROKEN_POLICIES = ("unrestored_rng", "changed_seed", "weights_only", "claims_uncommitted")
-POLICIES = CORRECT_POLICIES + BROKEN_POLICIES
+BROKEN_POLICIES = ("unrestored_rng", "changed_seed", "weights_only", "claims_uncommitted", "buffers_not_restored")
+POLICIES = tuple(POLICY_PARTS)
 
 
 def _to_bytes(obj) -> bytes:
@@ -36,25 +56,45 @@ def _from_bytes(blob: bytes):
     return torch.load(io.BytesIO(blob), weights_only=True)
 
 
+class RunningMean(nn.Module):
+    """Passes its input through unchanged; while training, keeps a running mean of it per feature.
+
+    A buffer, like BatchNorm's running statistics: part of ``state_dict()``, not a parameter, so an
+    optimizer never touches it and nothing else in the model depends on it.
+    """
+
+    def __init__(self, features: int, momentum: float = 0.1):
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("running_mean", torch.zeros(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.running_mean.mul_(1 - self.momentum).add_(x.mean(dim=0), alpha=self.momentum)
+        return x
+
+
 class AccumulationRun:
     """One training run with gradient accumulation; ``position`` counts microbatches (backward passes).
 
     Every ``accum_steps``-th microbatch ends an optimizer update: optimizer step, scaler update,
     scheduler step, and the data cursor commit. ``checkpoint()`` returns the bytes the loop would
-    have on disk if it crashed now; ``AccumulationRun.resume(blob)`` rebuilds a run from them, as a
-    new process would.
+    have on disk if it crashed now (``checkpointing`` says when those bytes were written);
+    ``AccumulationRun.resume(blob)`` rebuilds a run from them, as a new process would.
     """
 
     def __init__(self, seed: int = 0, accum_steps: int = 4, micro_batch: int = 4, dataset_size: int = 24,
-                 policy: str = "commit_boundary", fresh_start: bool = True):
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}")
+                 checkpointing: str = "commit_boundary", fresh_start: bool = True):
+        if checkpointing not in CHECKPOINTING:
+            raise ValueError(f"checkpointing must be one of {CHECKPOINTING}")
         self.config = {"seed": seed, "accum_steps": accum_steps, "micro_batch": micro_batch,
                        "dataset_size": dataset_size}
-        self.policy = policy
+        self._writes = CHECKPOINTING.index(checkpointing)   # a number: a run names no scenario
         with torch.random.fork_rng(devices=[]):  # initial weights from the seed, global RNG untouched
             torch.manual_seed(seed)
-            self.model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Dropout(0.25), nn.Linear(16, 1))
+            self.model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), RunningMean(16), nn.Dropout(0.25),
+                                       nn.Linear(16, 1))
         if fresh_start:
             torch.manual_seed(seed)  # the dropout stream; a resume restores it from the checkpoint instead
         self.X, self.y = regression_data(n=dataset_size, seed=1000 + seed)  # the data itself never changes
@@ -100,12 +140,13 @@ class AccumulationRun:
         self._durable = self._state(include_gradients=False)
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """A copy of every tensor of the model's state_dict(): the parameters and the buffer."""
         return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
 
     # -- checkpoint and resume -----------------------------------------------------------------
 
     def _state(self, include_gradients: bool) -> dict:
-        state = {"config": dict(self.config), "policy": self.policy, "position": self.position,
+        state = {"config": dict(self.config), "position": self.position,
                  "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                  "rng": torch.get_rng_state()}
@@ -116,29 +157,37 @@ class AccumulationRun:
         return copy.deepcopy(state)  # state_dict() hands out live tensors: copy them at the commit
 
     def checkpoint(self) -> bytes:
-        if self.policy in ("transaction", "claims_uncommitted"):
+        writes = CHECKPOINTING[self._writes]
+        if writes in ("transaction", "claims_uncommitted"):
             # Written now, mid-update. The transaction also holds the accumulated gradients and the
             # identities of the microbatches they came from; the broken one claims them without gradients.
-            return _to_bytes(self._state(include_gradients=self.policy == "transaction"))
+            return _to_bytes(self._state(include_gradients=writes == "transaction"))
         return _to_bytes(self._durable)  # the last checkpoint written at an optimizer commit
 
     @classmethod
-    def resume(cls, blob: bytes, policy: str | None = None) -> "AccumulationRun":
+    def resume(cls, blob: bytes, resuming: str = "complete") -> "AccumulationRun":
+        """A run rebuilt from a checkpoint's bytes. ``resuming`` other than "complete" plays one mistake."""
+        if resuming not in RESUMING:
+            raise ValueError(f"resuming must be one of {RESUMING}")
         state = _from_bytes(blob)
-        policy = policy or state["policy"]
         config = dict(state["config"])
-        if policy == "changed_seed":
+        if resuming == "changed_seed":
             config["seed"] += 1  # e.g. the restart script's default seed, not the run's
-        run = cls(**config, policy=policy, fresh_start=False)
-        if policy == "changed_seed":
+        run = cls(**config, fresh_start=False)
+        if resuming == "changed_seed":
             torch.manual_seed(config["seed"])
-        run.model.load_state_dict(state["model"])
-        if policy != "weights_only":
+        if resuming == "parameters_only":        # e.g. a loop over named_parameters(): the buffer stays fresh
+            with torch.no_grad():
+                for name, p in run.model.named_parameters():
+                    p.copy_(state["model"][name])
+        else:
+            run.model.load_state_dict(state["model"])
+        if resuming != "weights_only":
             run.optimizer.load_state_dict(state["optimizer"])
             run.scheduler.load_state_dict(state["scheduler"])
             run.scaler.load_state_dict(state["scaler"])
         run.position = state["position"]
-        if policy == "transaction" and "gradients" in state:
+        if "gradients" in state:                 # a transaction: the update in flight goes on
             in_flight = run.position % config["accum_steps"]
             recomputed = [run.microbatch_ids(p) for p in range(run.position - in_flight, run.position)]
             if recomputed != state["in_flight_ids"]:
@@ -146,30 +195,106 @@ class AccumulationRun:
             for name, p in run.model.named_parameters():
                 if name in state["gradients"]:
                     p.grad = state["gradients"][name].clone()
-        if policy not in ("unrestored_rng", "changed_seed"):
+        if resuming not in ("unrestored_rng", "changed_seed"):
             torch.set_rng_state(state["rng"])
+        if resuming == "last_bits_differ":
+            # The complete state, then every parameter one ulp up: what another build or kernel, rounding
+            # differently, may do to the last bits. Training on spreads it a little, never far.
+            with torch.no_grad():
+                for p in run.model.parameters():
+                    p.copy_(torch.nextafter(p, torch.full_like(p, math.inf)))
         run._durable = run._state(include_gradients=False)
         return run
+
+
+class NewRun:
+    """``new_run()``: a fresh run. What a check hands to the learner's resume_equivalent: it holds numbers
+    only, so nothing it carries (a keyword, an attribute, a name) says which scenario is being tested."""
+
+    __slots__ = ("_args",)
+
+    def __init__(self, seed: int, accum_steps: int, writes: int):
+        self._args = (seed, accum_steps, writes)
+
+    def __call__(self) -> AccumulationRun:
+        seed, accum_steps, writes = self._args
+        return AccumulationRun(seed, accum_steps, checkpointing=CHECKPOINTING[writes])
+
+    def __reduce__(self):
+        return type(self), self._args
+
+    def __repr__(self) -> str:
+        return "new_run"
+
+
+class ResumeRun:
+    """``resume_run(blob)``: a run rebuilt from a checkpoint's bytes, as a new process would; numbers only."""
+
+    __slots__ = ("_how",)
+
+    def __init__(self, how: int):
+        self._how = how
+
+    def __call__(self, blob: bytes) -> AccumulationRun:
+        return AccumulationRun.resume(blob, RESUMING[self._how])
+
+    def __reduce__(self):
+        return type(self), (self._how,)
+
+    def __repr__(self) -> str:
+        return "resume_run"
 
 
 def new_run_factory(seed: int = 0, accum_steps: int = 4, policy: str = "commit_boundary"):
     """The two callables the capstone takes: start a run, resume one from a checkpoint's bytes.
 
-    Partials, not closures, so that the trusted grader can send them into a sandbox (pickle).
+    Plain objects of this module that pickle (the trusted grader sends them into a sandbox) and hold
+    numbers only: the policy's name stays here.
     """
-    new_run = functools.partial(AccumulationRun, seed=seed, accum_steps=accum_steps, policy=policy)
-    resume_run = functools.partial(AccumulationRun.resume, policy=policy)
-    return new_run, resume_run
+    writes, resuming = POLICY_PARTS[policy]
+    return NewRun(seed, accum_steps, CHECKPOINTING.index(writes)), ResumeRun(RESUMING.index(resuming))
+
+
+def run_with_a_crash(policy: str, seed: int = 0, accum_steps: int = 4, total: int = 12, crash_at: int = 8,
+                     new_process_seed: int = 2024) -> dict[str, torch.Tensor]:
+    """The final weights() of a run that crashes after ``crash_at`` microbatches and resumes under ``policy``
+    with the RNG of a new process; the caller's global RNG is left as it was."""
+    new_run, resume_run = new_run_factory(seed, accum_steps, policy)
+    with torch.random.fork_rng(devices=[]):
+        crashed = new_run()
+        crashed.train(crash_at)
+        blob = crashed.checkpoint()
+        torch.manual_seed(new_process_seed)
+        resumed = resume_run(blob)
+        resumed.train(total - resumed.position)
+    return resumed.weights()
+
+
+def uninterrupted_run(seed: int = 0, accum_steps: int = 4, total: int = 12) -> dict[str, torch.Tensor]:
+    """The final weights() of the run that never stopped; the caller's global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        run = new_run_factory(seed, accum_steps)[0]()
+        run.train(total)
+    return run.weights()
 
 
 # ---- the capstone's checks ------------------------------------------------------------------------
 
-def _verdict(resume_equivalent, policy: str, seed: int, accum_steps: int, total: int, crash_at: int) -> bool:
+def _call(resume_equivalent, policy: str, seed: int, accum_steps: int, total: int, crash_at: int,
+          atol: float | None = None):
     new_run, resume_run = new_run_factory(seed, accum_steps, policy)
-    with torch.random.fork_rng(devices=[]), failing_if_raised(   # the learner's global RNG left as it was
-            f"resume_equivalent(new_run, resume_run, {total}, {crash_at})"):
-        result = resume_equivalent(new_run, resume_run, total, crash_at)
-    expect(isinstance(result, bool) or (torch.is_tensor(result) and result.numel() == 1),
+    shown = f"resume_equivalent(new_run, resume_run, {total}, {crash_at}" + (
+        ")" if atol is None else f", atol={atol!r})")
+    with torch.random.fork_rng(devices=[]), failing_if_raised(shown):   # the learner's global RNG left as it was
+        if atol is None:
+            return resume_equivalent(new_run, resume_run, total, crash_at)
+        return resume_equivalent(new_run, resume_run, total, crash_at, atol=atol)
+
+
+def _verdict(resume_equivalent, policy: str, seed: int, accum_steps: int, total: int, crash_at: int,
+             atol: float | None = None) -> bool:
+    result = _call(resume_equivalent, policy, seed, accum_steps, total, crash_at, atol)
+    expect(isinstance(result, (bool, np.bool_)) or (torch.is_tensor(result) and result.numel() == 1),
            f"resume_equivalent should return True or False, not {type(result).__name__} {result!r:.80}.")
     return bool(result)
 
@@ -192,14 +317,20 @@ def check_resume_equivalent_accepts_correct_resume(resume_equivalent, seed: int 
             if verdict:
                 continue
             mid = crash_at % accum_steps
-            extra = (f" The crash came {mid} microbatches into an update, and this checkpoint was written "
-                     f"at the last commit: the resumed run's position is {crash_at - mid}, not {crash_at}, "
-                     f"and it must redo those {mid} microbatches. How many does your check train after the "
-                     f"resume?" if mid and policy == "commit_boundary" else "")
+            if mid and policy == "commit_boundary":
+                why = (f" The crash came {mid} microbatches into an update, and this checkpoint was written at "
+                       f"the last commit: the resumed run's position is {crash_at - mid}, not {crash_at}, and it "
+                       f"must redo those {mid} microbatches. How many does your check train after the resume?")
+            else:
+                why = (f" The resumed run continues from position {crash_at}, exactly where the crash left it, so "
+                       f"the number of microbatches trained after the resume is not the question here. Either "
+                       f"something changes torch's global RNG after resume_run (the resumed run must draw from "
+                       f"the state its checkpoint restored: disturb the RNG before resume_run, never after), or "
+                       f"the comparison rejects equal weights (at atol=0, |difference| <= atol, not < atol).")
             raise AssertionError(
                 f"A resume that restores the complete state ({policy.replace('_', ' ')} checkpoint, crash after "
                 f"microbatch {crash_at} of {total}) matches the uninterrupted run bitwise on this CPU, but "
-                f"resume_equivalent returned False.{extra}")
+                f"resume_equivalent returned False.{why}")
 
 
 @graded_check("resume_equivalent catches a resume that does not restore the RNG")
@@ -240,3 +371,69 @@ def check_resume_equivalent_catches_claimed_microbatches(resume_equivalent, seed
     _catches(resume_equivalent, "claims_uncommitted", seed, accum_steps, total, crash_at,
              f"counts the {crash_at % accum_steps} uncommitted microbatches as consumed without saving "
              f"their gradients")
+
+
+def _differences(policy: str, seed: int, accum_steps: int, total: int, crash_at: int) -> tuple[dict, int]:
+    """What the check knows before it asks the learner's code: tensor name -> the largest |difference| between
+    the final weights of a run resumed under ``policy`` and the uninterrupted run's, and the largest of them
+    in units in the last place (ulps) of float32."""
+    expected = uninterrupted_run(seed, accum_steps, total)
+    got = run_with_a_crash(policy, seed, accum_steps, total, crash_at)
+    ulps = 0
+    for name, value in expected.items():
+        magnitude = torch.maximum(value.abs(), got[name].abs())
+        spacing = torch.nextafter(magnitude, torch.full_like(magnitude, math.inf)) - magnitude
+        ulps = max(ulps, int(((got[name] - value).abs() / spacing).max()))
+    return {name: max_abs_diff(got[name], value) for name, value in expected.items()}, ulps
+
+
+@graded_check("resume_equivalent compares every tensor: bitwise at atol=0, |difference| <= atol otherwise")
+def check_resume_equivalent_comparison(resume_equivalent, seed: int = 0, accum_steps: int = 4, total: int = 12,
+                                       crash_at: int = 8) -> None:
+    # 1. A resume whose last bits differ: every state restored, then each parameter one ulp up (what
+    #    another build's rounding may do). It ends `largest` away from the uninterrupted run.
+    differences, ulps = _differences("last_bits_differ", seed, accum_steps, total, crash_at)
+    largest = max(differences.values())
+    if largest == 0:
+        raise ValueError("these arguments give a resume that ends bitwise equal: choose others")
+    call = (resume_equivalent, "last_bits_differ", seed, accum_steps, total, crash_at)
+    measured = (f"a resume whose final weights differ from the uninterrupted run's by at most {largest:.2e} "
+                f"({ulps} units in the last place of float32 at most)")
+    expect(not _verdict(*call, atol=0.0),
+           f"At atol=0.0 (bitwise), {measured} must give False, but resume_equivalent returned True. A tolerance "
+           f"crept in where none was declared: torch.allclose and torch.isclose add their defaults "
+           f"(rtol=1e-05, atol=1e-08) unless told otherwise, and rounding or printing the weights hides the "
+           f"last bits. At atol == 0 compare with torch.equal.")
+    above = 2 * largest
+    # Asked only of an answer that accepts a correct resume at this atol: one that rejects even that one
+    # loses check_resume_equivalent_accepts_correct_resume, for its experiment, not for its tolerance.
+    accepts_correct = _verdict(resume_equivalent, "commit_boundary", seed, accum_steps, total, crash_at, atol=above)
+    expect(not accepts_correct or _verdict(*call, atol=above),
+           f"At atol={above:.2e}, {measured} is within the tolerance and must give True, but resume_equivalent "
+           f"returned False. Does your check use atol, or does it always compare bitwise?")
+    below = 0.9 * largest
+    expect(not _verdict(*call, atol=below),
+           f"At atol={below:.2e}, {measured} must give False (the largest difference is above atol), but "
+           f"resume_equivalent returned True. atol bounds the largest |difference| of every entry: "
+           f"torch.allclose and torch.isclose add rtol * |expected| (default rtol=1e-05) on top of it unless you "
+           f"pass rtol=0, and a mean or sum of the differences hides the largest one.")
+    # 2. A resume that restores the parameters but not the buffer (model.2.running_mean, a running mean):
+    #    the final weights differ in that one tensor only, which is neither the first nor the last.
+    differences, _ = _differences("buffers_not_restored", seed, accum_steps, total, crash_at)
+    differing = [name for name, value in differences.items() if value]
+    if len(differing) != 1:
+        raise ValueError(f"expected one differing tensor, found {differing}")
+    names = list(differences)
+    call = (resume_equivalent, "buffers_not_restored", seed, accum_steps, total, crash_at)
+    only = (f"a resume whose final tensors all equal the uninterrupted run's bitwise except one, "
+            f"{', '.join(map(repr, differing))} (tensor {names.index(differing[0]) + 1} of {len(names)} in "
+            f"weights(): a buffer, not a parameter), which differs by up to {differences[differing[0]]:.2e}")
+    expect(not _verdict(*call, atol=0.0),
+           f"At atol=0.0, {only}, must give False, but resume_equivalent returned True. Compare every tensor "
+           f"weights() returns, {names}: not only the first or the last, not only those named weight or "
+           f"bias, not only the parameters.")
+    below = 0.9 * differences[differing[0]]
+    expect(not _verdict(*call, atol=below),
+           f"At atol={below:.2e}, {only}, must give False, but resume_equivalent returned True. atol bounds the "
+           f"largest |difference| of every entry of every tensor; a mean or sum of the differences hides the "
+           f"largest one.")
