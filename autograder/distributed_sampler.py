@@ -7,20 +7,29 @@ that a mistake in another aspect does not cost its points: the padding and
 trimming checks judge the structure of the learner's own list, and the epoch
 check compares the learner's orders with each other through the sampler's rule
 ``generator seed = seed + epoch``. The permutation check pins the generator to
-the sampler's, so all four together mean "identical to DistributedSampler".
+the sampler's, so all four together mean "identical to DistributedSampler"; it
+also makes sure the answer leaves the process's global RNGs alone, as the sampler
+does (``torch.manual_seed(seed + epoch)`` gives the right order, and resets the
+training loop's RNG every epoch). That side effect shows only in the process
+where the answer runs: a probe reports the RNG states there.
 
 ``resume_shards`` is judged against the epoch's global order rebuilt from the real
 sampler, one property per check: equal per-rank lengths, no committed position
 trained again, no remaining position left out, bounded padding, and the
 remaining positions kept in global order (so the cursor still works after the
-next crash).
+next crash), drawn without touching the global RNGs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
+
+import numpy as np
+import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from .checking import expect, graded_check
+from .checking import expect, graded_check, observe
 
 
 # ---- the real sampler, seen globally ------------------------------------------------------
@@ -63,6 +72,75 @@ def remaining_positions(n: int, seed: int, epoch: int, old_world_size: int, comm
     return order[committed:real_end]
 
 
+# ---- the process's global RNGs: an answer must leave them as it found them ---------------------
+
+def global_rng_states() -> dict:
+    """The states of the process's global random number generators: Python's ``random``, NumPy's, torch's
+    (CPU), and the seed torch's was last seeded with."""
+    return {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "torch_seed": torch.initial_seed()}
+
+
+_OWN_SEED = 2 ** 40 + 20_231  # no seed + epoch of any check: a reseed always shows
+
+
+@contextlib.contextmanager
+def distinct_global_rngs():
+    """For the duration, every global RNG in a state of its own (so a reseed shows even when the process
+    happened to be seeded the same way); afterwards each is put back as it was."""
+    saved = global_rng_states()
+    random.seed(_OWN_SEED)
+    np.random.seed(_OWN_SEED % 2 ** 32)
+    torch.manual_seed(_OWN_SEED)
+    try:
+        yield
+    finally:
+        random.setstate(saved["random"])
+        np.random.set_state(saved["numpy"])
+        torch.set_rng_state(saved["torch"])
+
+
+def probe_global_rngs(function, *args, **kwargs) -> dict:
+    """``function(*args, **kwargs)`` where it lives, between two readings of that process's global RNG
+    states (see global_rng_states); the RNGs are put back afterwards."""
+    with distinct_global_rngs():
+        before = global_rng_states()
+        function(*args, **kwargs)
+        after = global_rng_states()
+    return {"before": before, "after": after}
+
+
+def changed_global_rngs(seen: dict) -> list[str]:
+    """Which global RNGs (``random``, ``numpy``, ``torch``) a probe_global_rngs call changed."""
+    before, after = seen["before"], seen["after"]
+    changed = []
+    if tuple(before["random"]) != tuple(after["random"]):
+        changed.append("random")
+    b, a = before["numpy"], after["numpy"]
+    if not (b[0] == a[0] and np.array_equal(b[1], a[1]) and tuple(b[2:]) == tuple(a[2:])):
+        changed.append("numpy")
+    if not torch.equal(before["torch"], after["torch"]):
+        changed.append("torch")
+    return changed
+
+
+_RNG_NAMES = {"random": "Python's random (random.seed, random.shuffle, ...)",
+              "numpy": "NumPy's global RNG (np.random.seed, np.random.permutation, ...)",
+              "torch": "torch's global RNG (torch.manual_seed, or a draw without generator=)"}
+
+
+def describe_rng_change(seen: dict, changed: list[str], reseed: int | None = None) -> str:
+    """What a probe_global_rngs call measured, in words: which global RNGs changed, and, where torch's was
+    seeded with ``reseed``, that it was reseeded (not just drawn from)."""
+    parts = []
+    for name in changed:
+        if name == "torch" and reseed is not None and seen["after"]["torch_seed"] == reseed:
+            parts.append(f"torch's global RNG, reseeded with torch.manual_seed({reseed})")
+        else:
+            parts.append(_RNG_NAMES[name])
+    return "; ".join(parts)
+
+
 # ---- reading the learner's answers --------------------------------------------------------
 
 def _as_indices(value, what: str) -> list[int]:
@@ -102,7 +180,7 @@ def _show(indices: list[int], limit: int = 12) -> str:
 
 # ---- epoch_order --------------------------------------------------------------------------
 
-@graded_check("epoch_order draws DistributedSampler's permutation and rank layout")
+@graded_check("epoch_order draws DistributedSampler's permutation and rank layout, from a generator of its own")
 def check_epoch_order_permutation(epoch_order, seed: int = 0) -> None:
     # n divisible by the world size: no padding or trimming, only the permutation and the layout.
     for n, world_size in ((12, 3), (16, 4), (10, 5), (7, 1), (24, 8), (20, 2)):
@@ -122,12 +200,27 @@ def check_epoch_order_permutation(epoch_order, seed: int = 0) -> None:
                 raise AssertionError(
                     f"{call} returned a different order than the real DistributedSampler: {_show(got)} "
                     f"instead of {_show(expected)} (rank 0 yields {ranks[0]}). The sampler draws "
-                    f"torch.randperm(n, generator=g) from its own torch.Generator seeded with seed + epoch; "
-                    f"another RNG, or the global one, gives another order, and so does a world-size-dependent "
-                    f"layout (rank r takes positions r, r + R, r + 2R, ...).")
+                    f"torch.randperm(n, generator=g) from a torch.Generator of its own, seeded with seed + epoch. "
+                    f"Another generator (Python's random, NumPy), another seed, or torch's global RNG in whatever "
+                    f"state the process left it gives another order, and so does a world-size-dependent layout "
+                    f"(rank r takes positions r, r + R, r + 2R, ...).")
             raise AssertionError(
                 f"{call} returned {_show(got)}: for {n} samples and {world_size} ranks (no padding needed) "
                 f"the order should contain each index 0..{n - 1} exactly once, like {_show(expected)}.")
+    # The right order can still come from the wrong generator: torch.manual_seed(seed + epoch) and a draw from
+    # the global RNG gives it, and resets the training loop's RNG at every epoch. Only the process the answer
+    # runs in shows that: the probe reads its global RNG states around one call.
+    n, world_size, run_seed, epoch = 12, 3, seed + 12, 1
+    call = _call(n, run_seed, epoch, world_size, True, False)
+    seen = _run_learner(observe, call, probe_global_rngs, epoch_order, n, run_seed, epoch, world_size,
+                        shuffle=True, drop_last=False)
+    changed = changed_global_rngs(seen)
+    expect(not changed,
+           f"{call} gives DistributedSampler's order, but it changed the process's global random state: "
+           f"{describe_rng_change(seen, changed, reseed=run_seed + epoch)}. The training loop draws from those "
+           f"(dropout masks, augmentations, initialisations): an epoch_order that reseeds them resets the run's "
+           f"randomness at every epoch, and one that draws from them shifts it. DistributedSampler draws from a "
+           f"torch.Generator of its own and leaves every global RNG as it was: do the same.")
 
 
 @graded_check("epoch_order reshuffles each epoch with seed + epoch, as set_epoch does")
@@ -309,7 +402,8 @@ def check_resume_shards_padding(resume_shards, seed: int = 0) -> None:
     _check_each_scenario(resume_shards, seed, judge)
 
 
-@graded_check("resume_shards keeps the epoch's global order, rank r taking positions r, r + R, ...")
+@graded_check("resume_shards keeps the epoch's global order, rank r taking positions r, r + R, ..., "
+              "and leaves the global RNGs alone")
 def check_resume_shards_global_order(resume_shards, seed: int = 0) -> None:
     def judge(r: _Resume) -> None:
         remaining = set(r.remaining)
@@ -330,6 +424,18 @@ def check_resume_shards_global_order(resume_shards, seed: int = 0) -> None:
             f"or a reshuffle of the remainder means that after the next crash, 'k updates done' no longer names "
             f"a prefix of the global order, and the global cursor is lost.")
     _check_each_scenario(resume_shards, seed, judge)
+    # Rebuilding the epoch's order must not touch the training loop's RNGs either (see
+    # check_epoch_order_permutation): the probe reads them around one call, where the answer runs.
+    scenario = _resume_scenarios(seed)[0]
+    call = "resume_shards(" + ", ".join(f"{k}={v}" for k, v in scenario.items()) + ")"
+    seen = _run_learner(observe, call, probe_global_rngs, resume_shards, **scenario)
+    changed = changed_global_rngs(seen)
+    expect(not changed,
+           f"{call} deals the right positions, but it changed the process's global random state: "
+           f"{describe_rng_change(seen, changed, reseed=scenario['seed'] + scenario['epoch'])}. A resume that "
+           f"reseeds or draws from them changes the training loop's randomness from the resume on (if "
+           f"resume_shards calls your epoch_order, the change may come from there). Leave them alone: rebuild "
+           f"the order from a torch.Generator of your own, as DistributedSampler does.")
 
 
 EPOCH_ORDER_CHECKS = ("check_epoch_order_permutation", "check_epoch_order_epochs",
