@@ -16,14 +16,28 @@ The forking, killing and recording happen in probes, where the learner's code li
 events. The checks make the scratch folders and the checkpoints themselves, then
 read, load and judge what is on disk from outside.
 
-Conventions the notebook states: checkpoints end in ``.pt``; a writer's temp file
-ends in ``.tmp`` and lives next to its checkpoint.
+``path`` must hold the old or the new checkpoint at every moment, not only where a
+byte count lands a kill: the watched call also records, after each of those calls
+and of ``os.remove`` / ``os.unlink`` / ``os.link`` / ``os.symlink``, what the file
+at ``path`` holds (a digest, or nothing), and whether it is still the old file,
+written over in place. Removing ``path`` before renaming the new file onto it, moving
+the old one away first, or copying the temp file onto ``path`` all show there.
+
+Every call of the learner's ``atomic_save`` looks alike, so that none can tell which
+check it is in: ``path`` is ``<scratch>/checkpoints/model.pt``, and tempfile's default
+folder is ``<scratch>/system-tmp`` during the call.
+
+Conventions the notebook states: checkpoints end in ``.pt`` (``load_latest_checkpoint``'s
+are named ``step_<n>.pt``, n the step they record as ``checkpoint["step"]``, and the
+newest is the one with the largest step); a writer's temp file ends in ``.tmp`` and
+lives next to its checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import shutil
 import signal
@@ -42,10 +56,13 @@ except ImportError:  # Windows
     fcntl = None
 
 from .checking import expect, graded_check, load_written, observe, silence_this_process
+from .distributed_sampler import changed_global_rngs, describe_rng_change, distinct_global_rngs, global_rng_states
 from .grading.confine import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
 
 CHECKPOINT_SUFFIX = ".pt"
 TEMP_SUFFIX = ".tmp"
+CHECKPOINT_NAME = "model.pt"       # every call of atomic_save the checks make writes <scratch>/checkpoints/model.pt
+PRIVATE_TMP = "system-tmp"         # tempfile's default folder meanwhile: <scratch>/system-tmp
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,6 +129,32 @@ def save_directly(obj, path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Where every call of atomic_save writes: alike for every check
+
+def _new_scratch(workdir=None) -> str:
+    """A fresh ``<scratch>`` with ``checkpoints/`` (the checkpoint's folder) and ``system-tmp/`` (tempfile's
+    default folder during the call: a temp file made with tempfile's defaults lands where the checks look)."""
+    root = tempfile.mkdtemp(prefix="atomic-check-", dir=workdir)
+    for folder in ("checkpoints", PRIVATE_TMP):
+        os.mkdir(os.path.join(root, folder))
+    return root
+
+
+@contextlib.contextmanager
+def _tempfile_folder_of(path):
+    """tempfile's default folder is the scratch's ``system-tmp`` while atomic_save(obj, path) runs (where path
+    is in a scratch of _new_scratch; elsewhere, as in the notebook's demos, it stays what it is)."""
+    private = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), PRIVATE_TMP)
+    saved = tempfile.tempdir
+    if os.path.isdir(private):
+        tempfile.tempdir = private
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+
+
+# ---------------------------------------------------------------------------------------------
 # Crash trials: a forked writer saves, the parent SIGKILLs it (and all it started) part-way through the write
 
 def _bytes_written(directory: str, before: dict) -> int:
@@ -140,7 +183,8 @@ def _child_saves(save, obj, path) -> None:
     code = 1
     try:
         silence_this_process()
-        save(obj, path)
+        with _tempfile_folder_of(path):
+            save(obj, path)
         code = 0
     except BaseException:
         pass
@@ -428,72 +472,109 @@ def crash_trials(save, trials: int = 10, seed: int = 0, layers: int = 8, workdir
     if not hasattr(os, "fork"):
         raise RuntimeError("crash trials need os.fork and SIGKILL (Linux or macOS)")
     old, new = make_checkpoint(1, layers, seed=seed), make_checkpoint(2, layers, seed=seed)
-    root = tempfile.mkdtemp(prefix="crash-trials-", dir=workdir)
+    known_folder = tempfile.mkdtemp(prefix="atomic-known-", dir=workdir)
+    scratches = []
     try:
         known = {}
         for label, ckpt in (("old", old), ("new", new)):
-            torch.save(ckpt, os.path.join(root, f"{label}.pt"))
-            known[label] = Path(root, f"{label}.pt").read_bytes()
+            torch.save(ckpt, os.path.join(known_folder, f"{label}.pt"))
+            known[label] = Path(known_folder, f"{label}.pt").read_bytes()
         fractions = [(i + 0.5) / trials for i in range(trials)]
         kills = []
-        for i, fraction in enumerate(fractions):
-            path = os.path.join(root, f"trial{i:02d}", "checkpoint.pt")
-            os.mkdir(os.path.dirname(path))
-            kills.append((path, int(fraction * len(known["new"]))))
-        endings = observe(probe_killed_saves, save, new, kills, os.path.join(root, "old.pt"))
+        for fraction in fractions:  # each trial in a scratch of its own, laid out as every other check's
+            scratches.append(_new_scratch(workdir))
+            kills.append((os.path.join(scratches[-1], "checkpoints", CHECKPOINT_NAME),
+                          int(fraction * len(known["new"]))))
+        endings = observe(probe_killed_saves, save, new, kills, os.path.join(known_folder, "old.pt"))
         records = []
         for i, ((path, _), fraction, ended) in enumerate(zip(kills, fractions, endings)):
             outcome, detail = classify(path, old, new, known)
-            leftovers = sorted(n for n in os.listdir(os.path.dirname(path)) if n != "checkpoint.pt")
+            leftovers = sorted(n for n in os.listdir(os.path.dirname(path)) if n != CHECKPOINT_NAME)
             records.append({"fraction": fraction, "ended": ended, "outcome": outcome, "detail": detail,
                             "leftovers": leftovers})
             if progress:
                 progress(i + 1, trials, records[-1])
         return records
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        for folder in (known_folder, *scratches):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
-# Watching one call from outside: what got synced, when, holding how many bytes
+# Watching one call from outside: what got synced, when, holding how many bytes; what path held meanwhile
+
+def content_digest(path) -> str | None:
+    """A digest of the regular file at ``path``; None when there is none (a link counts as none)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    digest = hashlib.sha1()
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
 
 @contextlib.contextmanager
-def recorded_file_operations():
-    """Wrap os.fsync / os.fdatasync / os.replace / os.rename (and fcntl F_FULLFSYNC on macOS).
+def recorded_file_operations(watch=None):
+    """Wrap os.fsync / os.fdatasync / os.replace / os.rename / os.remove / os.unlink / os.link / os.symlink
+    (and fcntl F_FULLFSYNC on macOS).
 
     Yields the list of events they record, in call order: for a sync, whether it was a
     directory, which file (device, inode) and its size at that moment; for a rename,
-    source and target.
+    source and target; for a removal, the path; for a link, source and target. With
+    ``watch`` (a path), each event also holds ``watched``: content_digest(watch) right
+    after the call, what a crash at that moment would leave there.
     """
     events: list[dict] = []
-    patched = [(os, name) for name in ("fsync", "fdatasync", "replace", "rename") if hasattr(os, name)]
+    names = ("fsync", "fdatasync", "replace", "rename", "remove", "unlink", "link", "symlink")
+    patched = [(os, name) for name in names if hasattr(os, name)]
     if fcntl is not None and hasattr(fcntl, "F_FULLFSYNC"):
         patched.append((fcntl, "fcntl"))  # macOS: fsync does not flush the drive's cache, F_FULLFSYNC does
     originals = {(module, name): getattr(module, name) for module, name in patched}
 
-    def record_sync(call: str, fd) -> None:
+    def record(event: dict) -> None:
+        if watch is not None:
+            event["watched"] = content_digest(watch)
+        events.append(event)
+
+    def sync_event(call: str, fd) -> dict:
         st = os.fstat(fd if isinstance(fd, int) else fd.fileno())
-        events.append({"op": "fsync", "call": call, "is_dir": stat.S_ISDIR(st.st_mode),
-                       "inode": (st.st_dev, st.st_ino), "size": st.st_size})
+        return {"op": "fsync", "call": call, "is_dir": stat.S_ISDIR(st.st_mode),
+                "inode": (st.st_dev, st.st_ino), "size": st.st_size}
 
     def syncing(original, name):
         def wrapper(fd):
-            record_sync(name, fd)
-            return original(fd)
+            event = sync_event(name, fd)   # the size the file has when the sync starts
+            result = original(fd)
+            record(event)
+            return result
         return wrapper
 
     def full_syncing(original):
         def wrapper(fd, cmd, *args):
-            if cmd == fcntl.F_FULLFSYNC:
-                record_sync("F_FULLFSYNC", fd)
-            return original(fd, cmd, *args)
+            event = sync_event("F_FULLFSYNC", fd) if cmd == fcntl.F_FULLFSYNC else None
+            result = original(fd, cmd, *args)
+            if event is not None:
+                record(event)
+            return result
         return wrapper
 
-    def renaming(original, name):
+    def two_paths(original, op, name):
         def wrapper(src, dst, *args, **kwargs):
             result = original(src, dst, *args, **kwargs)
-            events.append({"op": "rename", "call": name, "src": os.path.abspath(os.fspath(src)),
-                           "dst": os.path.abspath(os.fspath(dst))})
+            record({"op": op, "call": name, "src": os.path.abspath(os.fspath(src)),
+                    "dst": os.path.abspath(os.fspath(dst))})
+            return result
+        return wrapper
+
+    def removing(original, name):
+        def wrapper(path, *args, **kwargs):
+            result = original(path, *args, **kwargs)
+            record({"op": "remove", "call": name, "path": os.path.abspath(os.fspath(path))})
             return result
         return wrapper
 
@@ -502,8 +583,12 @@ def recorded_file_operations():
             setattr(module, name, full_syncing(original))
         elif name in ("fsync", "fdatasync"):
             setattr(module, name, syncing(original, name))
+        elif name in ("replace", "rename"):
+            setattr(module, name, two_paths(original, "rename", name))
+        elif name in ("link", "symlink"):
+            setattr(module, name, two_paths(original, "link", name))
         else:
-            setattr(module, name, renaming(original, name))
+            setattr(module, name, removing(original, name))
     try:
         yield events
     finally:
@@ -518,28 +603,36 @@ def _inode(path) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def _scratch_directory():
-    """A checkpoint directory that is not tempfile.gettempdir() itself, removed afterwards."""
-    root = tempfile.mkdtemp(prefix="atomic-check-")
+    """The checkpoint folder of a fresh scratch (see _new_scratch), removed afterwards with all of it."""
+    root = _new_scratch()
     try:
-        directory = os.path.join(root, "checkpoints")
-        os.mkdir(directory)
-        yield directory
+        yield os.path.join(root, "checkpoints")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _inode_or_none(path) -> tuple[int, int] | None:
+    try:
+        return _inode(path)
+    except OSError:
+        return None
+
+
 def probe_save(atomic_save, obj, path) -> list[dict]:
-    """The file operations one call ``atomic_save(obj, path)`` made (see recorded_file_operations), then
-    a last event ``{"op": "final", ...}``: the (device, inode) that path and its folder have afterwards,
-    read where the save ran (in graded mode the check reads copies of its files, with inodes of their own)."""
-    with recorded_file_operations() as events:
-        atomic_save(obj, path)
-    final = {"op": "final", "path": None, "directory": None}
-    for key, where in (("path", path), ("directory", os.path.dirname(path))):
-        try:
-            final[key] = _inode(where)
-        except OSError:
-            pass
+    """The file operations one call ``atomic_save(obj, path)`` made, each with what path held right after it
+    (see recorded_file_operations), then a last event ``{"op": "final", ...}``: the (device, inode) path had
+    before the call and has after it, its content digest before and after, its folder's (device, inode), and
+    the process's global RNG states before and after the call (see distributed_sampler.global_rng_states).
+    All read where the save ran (in graded mode the check reads copies of its files, with inodes of their own).
+    """
+    final = {"op": "final", "path_before": _inode_or_none(path), "content_before": content_digest(path)}
+    with _tempfile_folder_of(path), distinct_global_rngs():
+        rng_before = global_rng_states()
+        with recorded_file_operations(watch=path) as events:
+            atomic_save(obj, path)
+        final["rng"] = {"before": rng_before, "after": global_rng_states()}
+    final.update(path=_inode_or_none(path), directory=_inode_or_none(os.path.dirname(path)),
+                 content=content_digest(path))
     return events + [final]
 
 
@@ -557,7 +650,7 @@ def _call_save(atomic_save, obj, path) -> list[dict]:
 def _watched_save(atomic_save, seed: int, layers: int):
     """Call atomic_save once over an existing checkpoint; yield (directory, path, recorded events)."""
     with _scratch_directory() as directory:
-        path = os.path.join(directory, "model.pt")
+        path = os.path.join(directory, CHECKPOINT_NAME)
         torch.save(make_checkpoint(1, layers, seed=seed), path)
         new = make_checkpoint(2, layers, seed=seed)
         events = _call_save(atomic_save, new, path)
@@ -568,9 +661,55 @@ def _watched_save(atomic_save, seed: int, layers: int):
 
 
 def _final(events) -> dict:
-    """Where path and its folder ended up (see probe_save), as (device, inode) pairs."""
-    final = events[-1] if events and events[-1].get("op") == "final" else {}
-    return {key: tuple(final[key]) if final.get(key) is not None else None for key in ("path", "directory")}
+    """The last event of probe_save: where path and its folder ended up and path was before, as (device, inode)
+    pairs (None: no file); path's content digests before and after; the global RNG states around the call."""
+    final = dict(events[-1]) if events and events[-1].get("op") == "final" else {}
+    for key in ("path", "directory", "path_before"):
+        final[key] = tuple(final[key]) if final.get(key) is not None else None
+    return final
+
+
+def _operations(events) -> list[dict]:
+    return [e for e in events if e.get("op") != "final"]
+
+
+def _window_problem(events, path) -> str | None:
+    """Where, during the watched call, path held neither the old checkpoint nor the new one, in words (the
+    first such moment); None when it always held one of them."""
+    final = _final(events)
+    old, new, target = final.get("content_before"), final.get("content"), os.path.abspath(path)
+    for event in _operations(events):
+        held = event.get("watched", old)
+        if held in (old, new):
+            continue
+        call = f"os.{event['call']}"
+        if held is None and event["op"] == "remove" and event["path"] == target:
+            return (f"atomic_save removed path ({call}) before the new checkpoint was renamed onto it: from that "
+                    f"call until the rename there is no checkpoint at all, and a crash in between leaves none. "
+                    f"os.replace(temp, path) replaces the old file in one atomic step, with nothing removed first "
+                    f"(on Linux and macOS os.rename does too; only Windows refuses to rename onto an existing file).")
+        if held is None and event["op"] == "rename" and event["src"] == target:
+            return (f"atomic_save moved the old checkpoint away ({call} to {os.path.basename(event['dst'])!r}) "
+                    f"before the new one was in place: in between, path names no file, and a crash there leaves "
+                    f"no checkpoint under it. Rename the new file straight onto path: os.replace removed the old "
+                    f"one in the same atomic step.")
+        if held is None:
+            return (f"Right after atomic_save's {call} call, path named no file at all: a crash at that moment "
+                    f"leaves no checkpoint. The final name must hold the old checkpoint until one rename puts the "
+                    f"new one there.")
+        if event["op"] == "rename" and event["dst"] == target:
+            return (f"atomic_save renamed a file onto path ({call}) before that file was complete: right after "
+                    f"the rename path held neither the old checkpoint nor the new one, and the rest was written "
+                    f"under the final name. Write (and fsync) the temp file completely, then rename it.")
+        return (f"Right after atomic_save's {call} call, path held neither the old checkpoint nor the new one: a "
+                f"crash at that moment leaves a broken checkpoint under the final name.")
+    if final.get("path_before") is not None and final.get("path") == final["path_before"] and new != old:
+        return ("atomic_save wrote the new checkpoint into the old file at path itself (afterwards path is still "
+                "the old file, with new content): while it wrote, path held a partial checkpoint, and a crash "
+                "then leaves a broken one. torch.save(obj, path) does that, and so does copying a finished temp "
+                "file onto path (shutil.copy, shutil.copyfile, or shutil.move from another filesystem write the "
+                "target in place). Write a temp file, then rename it onto path.")
+    return None
 
 
 def _final_rename(events, path):
@@ -588,26 +727,35 @@ _NO_RENAME = ("atomic_save never renamed a file onto path (no os.replace or os.r
 
 @graded_check("atomic_save: after a SIGKILL at any moment, the checkpoint loads (old or new)")
 def check_atomic_save_crash(atomic_save, seed: int = 0, trials: int = 6, layers: int = 8) -> None:
-    with _scratch_directory() as directory:  # first, one ordinary call must work
-        path = os.path.join(directory, "model.pt")
-        new = make_checkpoint(2, layers, seed=seed)
+    with _scratch_directory() as directory:  # first, one ordinary call must work, where there is no checkpoint yet
+        path = os.path.join(directory, CHECKPOINT_NAME)
+        new = make_checkpoint(2, 2, seed=seed)
         _call_save(atomic_save, new, path)
         outcome, detail = classify(path, None, new)
         expect(outcome == "new", f"atomic_save(obj, path) ran without a crash, but path then held "
                                  f"{'nothing' if outcome == 'missing' else 'something else'} ({detail}).")
+    # Then over an old checkpoint, watched: what path holds after each file operation (a crash can come
+    # between any two of them, not only where the trials below land by byte counts), and whether path was
+    # written in place. What this finds, it finds every time; the trials' kills race the writer.
+    with _watched_save(atomic_save, seed, layers=2) as (_, path, events):
+        window = _window_problem(events, path)
+    expect(window is None, window)
     records = crash_trials(atomic_save, trials=trials, seed=seed, layers=layers)
     bad = [r for r in records if r["outcome"] not in ("old", "new")]
     if bad:
         where = ", ".join(f"{r['fraction']:.0%}" for r in bad)
+        what = ("no file at all: the old checkpoint was removed or moved away before the new one was in place"
+                if bad[0]["outcome"] == "missing" else f"{bad[0]['outcome']} (torch.load said: {bad[0]['detail']})")
         raise AssertionError(
-            f"In {len(bad)} of {trials} trials, a SIGKILL during atomic_save left path {bad[0]['outcome']} "
-            f"(killed after {where} of the bytes were written; torch.load said: {bad[0]['detail']}). "
-            f"While the new checkpoint is being written, the final name must still point at the old one.")
+            f"In {len(bad)} of {trials} trials, a SIGKILL during atomic_save left path {what} (killed after "
+            f"{where} of the bytes were written). While the new checkpoint is being written, the final name "
+            f"must still point at the old one.")
     failed = [r for r in records if r["ended"] == "failed"]
     expect(not failed, f"atomic_save raised an error in {len(failed)} of {trials} trial processes.")
 
 
-@graded_check("atomic_save: the temp file is a *.tmp file in the checkpoint's own directory")
+@graded_check("atomic_save: the temp file is a *.tmp file in the checkpoint's own directory, named without "
+              "touching the global RNGs")
 def check_atomic_save_temp_location(atomic_save, seed: int = 0, layers: int = 2) -> None:
     with _watched_save(atomic_save, seed, layers) as (directory, path, events):
         _, rename = _final_rename(events, path)
@@ -621,6 +769,15 @@ def check_atomic_save_temp_location(atomic_save, seed: int = 0, layers: int = 2)
         expect(rename["src"].endswith(TEMP_SUFFIX),
                f"atomic_save's temp file is named {os.path.basename(rename['src'])!r}; name it with the "
                f"suffix {TEMP_SUFFIX!r} so load_latest_checkpoint can recognise what a crashed writer left.")
+        # A name drawn from the global RNGs shifts the training loop's random stream at every save.
+        rng = _final(events)["rng"]
+        changed = changed_global_rngs(rng)
+        expect(not changed,
+               f"atomic_save changed the process's global random state: {describe_rng_change(rng, changed)}. "
+               f"A save must not draw from the RNGs the training loop uses: a checkpoint records their states "
+               f"(notebook 03), so a run resumed from it draws other numbers than the run that went on after "
+               f"the save. Let tempfile.mkstemp or NamedTemporaryFile make the name (they draw from a generator "
+               f"of their own), or use uuid.uuid4().hex.")
 
 
 @graded_check("atomic_save: the temp file is fsynced after its last byte, before the rename")
@@ -667,41 +824,37 @@ class _FailsToSerialize:
         raise RuntimeError("this object cannot be serialized (raised on purpose by the check)")
 
 
-def probe_failing_save(atomic_save, obj, path, tempdir) -> str | None:
+def probe_failing_save(atomic_save, obj, path) -> str | None:
     """Call atomic_save on ``obj`` plus a value torch.save fails on: the type of what it raised, or None.
 
-    tempfile's default folder is ``tempdir`` meanwhile, so that a temp file made with
-    tempfile's defaults lands where the check looks. The failing value is added here:
+    tempfile's default folder is the scratch's own meanwhile, as in every call (so that a temp file
+    made with tempfile's defaults lands where the check looks). The failing value is added here:
     in graded mode it could not even be pickled into the sandbox.
     """
-    saved_tempdir = tempfile.tempdir
-    tempfile.tempdir = tempdir
     try:
-        atomic_save(dict(obj, extra=_FailsToSerialize()), path)
+        with _tempfile_folder_of(path):
+            atomic_save(dict(obj, extra=_FailsToSerialize()), path)
     except Exception as exc:
         return type(exc).__name__
-    finally:
-        tempfile.tempdir = saved_tempdir
     return None
 
 
 @graded_check("atomic_save: an error while saving leaves the old checkpoint and no temp file")
 def check_atomic_save_cleanup(atomic_save, seed: int = 0, layers: int = 2) -> None:
     with _scratch_directory() as directory:
-        private_tmp = os.path.join(os.path.dirname(directory), "system-tmp")
-        os.mkdir(private_tmp)
-        path = os.path.join(directory, "model.pt")
+        private_tmp = os.path.join(os.path.dirname(directory), PRIVATE_TMP)
+        path = os.path.join(directory, CHECKPOINT_NAME)
         old = make_checkpoint(1, layers, seed=seed)
         _call_save(atomic_save, old, path)  # an ordinary save first: doing nothing must not pass
         outcome, detail = classify(path, old, None)
         expect(outcome == "old", f"atomic_save(obj, path) returned, but path did not hold obj ({outcome}"
                                  f"{': ' + detail if detail else ''}).")
-        raised = observe(probe_failing_save, atomic_save, make_checkpoint(2, layers, seed=seed), path, private_tmp)
+        raised = observe(probe_failing_save, atomic_save, make_checkpoint(2, layers, seed=seed), path)
         outcome, detail = classify(path, old, None)
         expect(outcome == "old",
                f"After torch.save failed inside atomic_save, path was {outcome} ({detail or 'it changed'}): the "
                f"old checkpoint must stay untouched until the new one is complete.")
-        leftovers = sorted(n for n in os.listdir(directory) if n != "model.pt") + sorted(os.listdir(private_tmp))
+        leftovers = sorted(n for n in os.listdir(directory) if n != CHECKPOINT_NAME) + sorted(os.listdir(private_tmp))
         expect(not leftovers,
                f"After torch.save failed inside atomic_save, the temp file was left behind ({', '.join(leftovers)}). "
                f"Every failed save would leave another one: remove the temp file when anything goes wrong.")
@@ -714,7 +867,8 @@ def check_atomic_save_cleanup(atomic_save, seed: int = 0, layers: int = 2) -> No
 # Checks: load_latest_checkpoint
 
 def _write_checkpoints(directory: str, steps: list[int], seed: int, start_time: float = 1_700_000_000.0) -> dict:
-    """step_<n>.pt for each step, with modification times in the order given (later = newer)."""
+    """step_<n>.pt for each step (n is also its checkpoint["step"]), with modification times in the order
+    given (later = newer), a minute apart."""
     written = {}
     for order, step in enumerate(steps):
         path = os.path.join(directory, f"step_{step}.pt")
@@ -723,6 +877,13 @@ def _write_checkpoints(directory: str, steps: list[int], seed: int, start_time: 
         os.utime(path, (start_time + 60 * order, start_time + 60 * order))
         written[path] = ckpt
     return written
+
+
+def _returned_name(result) -> str | None:
+    if isinstance(result, tuple) and len(result) == 2:
+        with contextlib.suppress(TypeError):
+            return os.path.basename(os.fspath(result[0]))
+    return None
 
 
 def _call_loader(load_latest_checkpoint, directory, hint: str = ""):
@@ -742,29 +903,49 @@ def _expect_result(result, expected_path, expected_obj, situation: str) -> None:
            f"{situation}: load_latest_checkpoint should return a (path, checkpoint) tuple, but it returned "
            f"{type(result).__name__}{'' if result is not None else ' (None)'}.")
     path, obj = result
+    if not os.path.exists(os.fspath(path)) and os.fspath(path) == os.path.basename(expected_path):
+        raise AssertionError(
+            f"{situation}: it returned {os.fspath(path)!r}, the file's name, not its path. A caller opens the "
+            f"path it gets, from whatever working directory it runs in: return os.path.join(directory, name).")
     expect(os.path.exists(os.fspath(path)) and os.path.samefile(os.fspath(path), expected_path),
-           f"{situation}: it returned {os.path.basename(os.fspath(path))!r}, but the newest loadable "
-           f"checkpoint is {os.path.basename(expected_path)!r}.")
+           f"{situation}: it returned {os.path.basename(os.fspath(path))!r}, but the loadable checkpoint of the "
+           f"latest step is {os.path.basename(expected_path)!r}.")
     expect(same_checkpoint(obj, expected_obj),
            f"{situation}: the returned checkpoint is not what {os.path.basename(expected_path)!r} holds.")
 
 
-@graded_check("load_latest_checkpoint: returns the newest checkpoint, or None when there is none")
+@graded_check("load_latest_checkpoint: returns the checkpoint of the latest step, or None when there is none")
 def check_load_latest_checkpoint_newest(load_latest_checkpoint, seed: int = 0, steps: tuple = (8, 9, 10)) -> None:
-    with _scratch_directory() as directory:
+    steps = sorted(steps)
+    with _scratch_directory() as directory:  # a run's folder: written step after step
         result, _ = _call_loader(load_latest_checkpoint, directory)
         expect(result is None, f"In an empty directory, load_latest_checkpoint returned {result!r} instead of None.")
-        written = _write_checkpoints(directory, list(steps), seed)
-        newest = list(written)[-1]
+        written = _write_checkpoints(directory, steps, seed)
+        latest = list(written)[-1]
         result, _ = _call_loader(load_latest_checkpoint, directory)
         names = [os.path.basename(p) for p in written]
-        returned = os.path.basename(os.fspath(result[0])) if isinstance(result, tuple) and result else None
+        returned = _returned_name(result)
         if returned == max(names) != names[-1]:
             raise AssertionError(
                 f"load_latest_checkpoint returned {returned!r}, the last name in alphabetical order, but "
-                f"{names[-1]!r} was written last ({names[-1]!r} sorts before {max(names)!r}). Compare "
-                f"modification times (or step numbers), not names.")
-        _expect_result(result, newest, written[newest], f"With checkpoints {', '.join(names)}")
+                f"{names[-1]!r} holds a later step ({names[-1]!r} sorts before {max(names)!r}: text compares digit "
+                f"by digit). Compare the step numbers, not the names.")
+        _expect_result(result, latest, written[latest], f"With checkpoints {', '.join(names)}")
+    with _scratch_directory() as directory:  # the same run's folder, restored from a copy made latest step first
+        written = _write_checkpoints(directory, steps[::-1], seed)
+        latest = os.path.join(directory, f"step_{steps[-1]}.pt")
+        last_modified = list(written)[-1]
+        result, _ = _call_loader(load_latest_checkpoint, directory)
+        if _returned_name(result) == os.path.basename(last_modified):
+            raise AssertionError(
+                f"load_latest_checkpoint returned {os.path.basename(last_modified)!r}, the file modified last, "
+                f"but {os.path.basename(latest)!r} records a later step. This folder was restored from a copy "
+                f"made latest step first, so its modification times run against the steps. A modification time "
+                f"says when a file was last written, not how far training had got: a copy (cp without -p, rsync "
+                f"without -t, a download) resets it, and saves closer together than the filesystem's timestamp "
+                f"resolution share one. Order by the step: the n of step_<n>.pt, or checkpoint['step'].")
+        _expect_result(result, latest, written[latest],
+                       f"With checkpoints {', '.join(os.path.basename(p) for p in written)} (copied in that order)")
 
 
 @graded_check("load_latest_checkpoint: skips unreadable checkpoints with a warning")

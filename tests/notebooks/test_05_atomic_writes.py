@@ -1,7 +1,12 @@
 """Notebook 05: atomic checkpoint writes. The checks, driven on right and wrong implementations."""
 
+import json
 import os
+import random
 import select
+import shutil
+import sys
+import tempfile
 import time
 import warnings
 
@@ -37,16 +42,73 @@ def test_checks_report_a_non_callable_answer():
 
 
 def test_recording_restores_os_functions():
-    originals = os.fsync, os.replace, os.rename
-    with checks.recorded_file_operations():
-        assert os.fsync is not originals[0]
-    assert (os.fsync, os.replace, os.rename) == originals
+    names = ("fsync", "fdatasync", "replace", "rename", "remove", "unlink", "link", "symlink")
+    originals = [getattr(os, name) for name in names]
+    with checks.recorded_file_operations(watch="nowhere"):
+        assert all(getattr(os, name) is not original for name, original in zip(names, originals))
+    assert [getattr(os, name) for name in names] == originals
+
+
+def test_the_watch_sees_what_path_holds_after_each_operation(tmp_path):
+    path, temp = tmp_path / "model.pt", tmp_path / "model.pt.tmp"
+    path.write_bytes(b"old")
+    temp.write_bytes(b"new")
+    with checks.recorded_file_operations(watch=path) as events:
+        os.remove(path)
+        os.rename(temp, path)
+    assert [(e["op"], e["watched"]) for e in events] == [("remove", None),
+                                                         ("rename", checks.content_digest(path))]
+
+
+# What each call of the learner's atomic_save sees, logged by a spy (from the crash trials' writers too).
+_SEEN_LOG = None
+
+
+def _spy_save(obj, path):
+    folder = os.path.dirname(os.path.abspath(path))
+    scratch = os.path.dirname(folder)
+    seen = [os.path.basename(path), os.path.basename(folder), sorted(os.listdir(scratch)),
+            os.path.dirname(os.path.abspath(tempfile.gettempdir())) == scratch,
+            os.path.basename(tempfile.gettempdir())]
+    with open(_SEEN_LOG, "a") as log:
+        log.write(json.dumps(seen) + "\n")
+    impls.atomic_save_mkstemp(obj, path)
+
+
+def test_every_call_of_atomic_save_looks_alike_whichever_check_makes_it(tmp_path, monkeypatch):
+    """No folder name, file name or tempfile setting tells the answer which check (crash trial, watched
+    save, failing save) it is in."""
+    monkeypatch.setattr(sys.modules[__name__], "_SEEN_LOG", str(tmp_path / "seen.log"))
+    for name in ATOMIC_SAVE_CHECKS:
+        fewer_trials = {"trials": 2} if name == "check_atomic_save_crash" else {}
+        assert failure_of(getattr(checks, name), _spy_save, **fewer_trials) is None, name
+    seen = {line for line in (tmp_path / "seen.log").read_text().splitlines()}
+    assert seen == {json.dumps(["model.pt", "checkpoints", ["checkpoints", "system-tmp"], True, "system-tmp"])}
+
+
+def test_checks_leave_the_global_rngs_as_they_found_them():
+    random.seed(5)
+    expected = random.random()
+    random.seed(5)
+    failure_of(checks.check_atomic_save_temp_location, impls.atomic_save_random_name)
+    assert random.random() == expected
+
+
+def test_a_copy_gets_the_time_it_was_copied_and_keeps_the_step(tmp_path):
+    """What section 2.3 shows: shutil.copy (like cp without -p) gives a file a new modification time."""
+    source, copy = tmp_path / "step_9.pt", tmp_path / "copy" / "step_9.pt"
+    torch.save(checks.make_checkpoint(9, layers=1, layer_kib=4), source)
+    os.utime(source, (1_700_000_000, 1_700_000_000))
+    copy.parent.mkdir()
+    shutil.copy(source, copy)
+    assert os.path.getmtime(copy) > os.path.getmtime(source) + 1000
+    assert torch.load(copy, weights_only=True)["step"] == 9
 
 
 def test_unreadable_check_sees_warnings_although_graded_checks_silence_them():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a warning escaping the check would raise here
-        assert failure_of(checks.check_load_latest_checkpoint_unreadable, impls.load_latest_by_mtime) is None
+        assert failure_of(checks.check_load_latest_checkpoint_unreadable, impls.load_latest_by_step_in_name) is None
 
 
 def test_torch_behaviour_the_notebook_teaches(tmp_path):
