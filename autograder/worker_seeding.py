@@ -94,6 +94,26 @@ def tag_with_worker_id(batch):
     return (info.id if info else -1), default_collate(batch)
 
 
+def tag_with_global_next(batch):
+    """``tag_with_worker_id``, plus what the worker's global RNGs would draw next, read without drawing.
+
+    It runs in the worker after the batch's items were drawn: [torch.rand as float64, torch.rand as
+    float32, np.random.random()], each from the global RNG's current state, which is put back. A dataset
+    generator seeded with the number a global RNG was seeded with repeats that global stream: its first
+    draw is the global RNG's next one while nothing drew from the global RNG yet. A dataset that draws
+    from the global RNG itself has moved it on, so its draw is never the next one.
+    """
+    worker_id, collated = tag_with_worker_id(batch)
+    torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()
+    as_float64 = torch.rand((), dtype=torch.float64).item()
+    torch.set_rng_state(torch_state)
+    as_float32 = torch.rand((), dtype=torch.float32).item()
+    torch.set_rng_state(torch_state)
+    numpy_next = float(np.random.random())
+    np.random.set_state(numpy_state)
+    return worker_id, collated, torch.tensor([as_float64, as_float32, numpy_next], dtype=torch.float64)
+
+
 def documented_seed_worker(worker_id: int) -> None:
     """The recipe from PyTorch's reproducibility notes: reseeds the global NumPy and random."""
     import random
@@ -116,6 +136,28 @@ def _worker_error(exc: BaseException) -> str:
     return lines[-1].strip() if lines else type(exc).__name__
 
 
+def _loader_epochs(dataset, worker_init_fn, seed: int, num_workers: int, epochs: int, batch_size: int,
+                   start_method: str | None, collate_fn):
+    """The batches of ``epochs`` passes of a DataLoader, one list per epoch, as ``collate_fn`` made them."""
+    start_method = start_method or default_start_method()
+    if start_method != "fork":
+        dataset, worker_init_fn = portable(dataset), portable(worker_init_fn)
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, worker_init_fn=worker_init_fn,
+                        generator=torch.Generator().manual_seed(seed), collate_fn=collate_fn,
+                        multiprocessing_context=start_method)
+    for _ in range(epochs):
+        try:
+            yield list(loader)
+        except NotImplementedError:
+            raise  # an unanswered exercise: the grader reports it as "not answered yet"
+        except Exception as exc:  # the worker's exception arrives re-raised, its traceback as text
+            raise WorkerFailed(_worker_error(exc)) from None
+
+
+def _rows(batch) -> torch.Tensor:
+    return torch.as_tensor(batch).reshape(len(batch), -1).double()
+
+
 def worker_streams(dataset, worker_init_fn=None, seed: int = 0, num_workers: int = 2, epochs: int = 1,
                    batch_size: int = 2, start_method: str | None = None) -> list[dict[int, torch.Tensor]]:
     """Run ``epochs`` passes of a DataLoader; per epoch, {worker id: rows that worker produced}.
@@ -123,37 +165,46 @@ def worker_streams(dataset, worker_init_fn=None, seed: int = 0, num_workers: int
     Non-persistent workers (the default): every epoch starts new worker processes.
     ``generator=`` is seeded with ``seed``, so ``base_seed`` is reproducible.
     """
-    start_method = start_method or default_start_method()
-    if start_method != "fork":
-        dataset, worker_init_fn = portable(dataset), portable(worker_init_fn)
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, worker_init_fn=worker_init_fn,
-                        generator=torch.Generator().manual_seed(seed), collate_fn=tag_with_worker_id,
-                        multiprocessing_context=start_method)
     result = []
-    for _ in range(epochs):
+    for batches in _loader_epochs(dataset, worker_init_fn, seed, num_workers, epochs, batch_size, start_method,
+                                  tag_with_worker_id):
         per_worker: dict[int, list] = {w: [] for w in range(num_workers)}
-        try:
-            for worker_id, batch in loader:
-                per_worker[worker_id].append(torch.as_tensor(batch).reshape(len(batch), -1).double())
-        except NotImplementedError:
-            raise  # an unanswered exercise: the grader reports it as "not answered yet"
-        except Exception as exc:  # the worker's exception arrives re-raised, its traceback as text
-            raise WorkerFailed(_worker_error(exc)) from None
+        for worker_id, batch in batches:
+            per_worker[worker_id].append(_rows(batch))
         result.append({w: torch.cat(rows) if rows else torch.empty(0, 2) for w, rows in per_worker.items()})
     return result
+
+
+def worker_streams_and_global_next(dataset, worker_init_fn=None, seed: int = 0, num_workers: int = 2,
+                                   epochs: int = 1, batch_size: int = 2):
+    """``worker_streams``, and per epoch {worker id: what its global RNGs would have drawn next after its
+    first batch} (``tag_with_global_next``)."""
+    streams, global_next = [], []
+    for batches in _loader_epochs(dataset, worker_init_fn, seed, num_workers, epochs, batch_size, None,
+                                  tag_with_global_next):
+        per_worker: dict[int, list] = {w: [] for w in range(num_workers)}
+        first_next: dict[int, torch.Tensor] = {}
+        for worker_id, batch, following in batches:
+            per_worker[worker_id].append(_rows(batch))
+            first_next.setdefault(worker_id, following)
+        streams.append({w: torch.cat(rows) if rows else torch.empty(0, 2) for w, rows in per_worker.items()})
+        global_next.append(first_next)
+    return streams, global_next
 
 
 # ---------------------------------------------------------------------------------------------
 # Probes: they run where the learner's code lives (the sandbox, in graded mode) and return data
 
 def probe_worker_streams(dataset, worker_init_fn, seed: int, num_workers: int, epochs: int = 1) -> dict:
-    """Run ``worker_streams`` on ``dataset``: {"streams": per epoch, {worker id: the rows it drew}},
-    or {"worker_error": the error a worker raised}, as data (a ``WorkerFailed`` would not travel as one)."""
+    """Run ``worker_streams_and_global_next`` on ``dataset``: {"streams": per epoch, {worker id: the rows it
+    drew}, "global_next": per epoch, {worker id: its global RNGs' next draws after its first batch}}, or
+    {"worker_error": the error a worker raised}, as data (a ``WorkerFailed`` would not travel as one)."""
     try:
-        return {"streams": worker_streams(dataset, worker_init_fn, seed=seed, num_workers=num_workers,
-                                          epochs=epochs)}
+        streams, global_next = worker_streams_and_global_next(dataset, worker_init_fn, seed=seed,
+                                                              num_workers=num_workers, epochs=epochs)
     except WorkerFailed as exc:
         return {"worker_error": str(exc)}
+    return {"streams": streams, "global_next": global_next}
 
 
 def probe_peek_then_streams(dataset, seed: int, num_workers: int) -> dict:
@@ -185,31 +236,31 @@ def probe_first_item(dataset, seed: int):
 COLUMNS = ("torch.Generator", "NumPy default_rng")
 
 
-def _streams(dataset, worker_init_fn, what: str, **kwargs):
+def _run(dataset, worker_init_fn, what: str, **kwargs) -> dict:
     seen = observe(probe_worker_streams, dataset, worker_init_fn, **kwargs)
     if "worker_error" in seen:
         raise AssertionError(f"{what} raised an error inside a DataLoader worker: {seen['worker_error']}")
-    return seen["streams"]
+    return seen
 
 
 _RECENT_RUNS = Remembered(keep=8)  # an exercise's three checks share its loader runs per argument set
 
 
-def _shared_streams(answer, make_dataset, worker_init_fn, what: str, seed: int, num_workers: int,
-                    size: int, epochs: int):
-    """``_streams`` of a new dataset, remembered for the last few (answer, arguments, epochs).
+def _shared_run(answer, make_dataset, worker_init_fn, what: str, seed: int, num_workers: int,
+                size: int, epochs: int) -> dict:
+    """``_run`` of a new dataset, remembered for the last few (answer, arguments, epochs).
 
     The workers, epochs and reproducible checks of an exercise read the same two runs (one epoch,
     two epochs) instead of five: each worker start is a fork, 10-20 ms with torch loaded.
     """
     return _RECENT_RUNS((answer, what, seed, num_workers, size, epochs),
-                        lambda: _streams(make_dataset(), worker_init_fn, what, seed=seed,
-                                         num_workers=num_workers, epochs=epochs))
+                        lambda: _run(make_dataset(), worker_init_fn, what, seed=seed,
+                                     num_workers=num_workers, epochs=epochs))
 
 
-def _seed_worker_streams(seed_worker, seed: int, num_workers: int, size: int, epochs: int):
-    return _shared_streams(seed_worker, lambda: NoisyDataset(size, seed=seed), seed_worker, "seed_worker",
-                           seed, num_workers, size, epochs)
+def _seed_worker_run(seed_worker, seed: int, num_workers: int, size: int, epochs: int) -> dict:
+    return _shared_run(seed_worker, lambda: NoisyDataset(size, seed=seed), seed_worker, "seed_worker",
+                       seed, num_workers, size, epochs)
 
 
 def _shape_ok(streams, what: str) -> None:
@@ -245,6 +296,80 @@ def _expect_workers_differ(epoch, what: str, hint: str) -> None:
             f"Every worker started from a copy of the same generator. {hint}")
 
 
+_PER_ITEM_HINT = ("A generator created and seeded alike for every item starts over each time: create it "
+                  "once per worker, or seed each item's generator from the worker's seed and the item's "
+                  "index together.")
+
+
+def _expect_new_draw_per_item(epoch, what: str) -> None:
+    """No draw repeats within the epoch, within a worker or across workers (two continuous draws of
+    independent streams coincide with probability about 2^-24 or less)."""
+    for column, name in enumerate(COLUMNS):
+        drawn_at: dict[float, tuple[int, int]] = {}
+        for worker_id in sorted(epoch):
+            values = epoch[worker_id][:, column].tolist()
+            if len(values) > 1 and len(set(values)) == 1:
+                raise AssertionError(
+                    f"{what}, all {len(values)} items worker {worker_id} returned carry the same {name} draw "
+                    f"({values[0]:.4f}): every item gets the same augmentation. {_PER_ITEM_HINT}")
+            for draw, value in enumerate(values):
+                if value not in drawn_at:
+                    drawn_at[value] = (worker_id, draw)
+                    continue
+                other, other_draw = drawn_at[value]
+                if other == worker_id:
+                    raise AssertionError(
+                        f"{what}, items {other_draw + 1} and {draw + 1} that worker {worker_id} returned carry "
+                        f"the same {name} draw ({value:.4f}): two items got the same augmentation, so their "
+                        f"generators were most likely seeded with the same number. {_PER_ITEM_HINT}")
+                raise AssertionError(
+                    f"{what}, item {other_draw + 1} that worker {other} returned and item {draw + 1} that worker "
+                    f"{worker_id} returned carry the same {name} draw ({value:.4f}): two items of one epoch got "
+                    f"the same augmentation, so their generators were most likely seeded with the same number. "
+                    f"Seeds made by adding the item's index to the worker's seed overlap across workers, whose "
+                    f"seeds are consecutive (base_seed + worker_id): combine the two numbers so that different "
+                    f"pairs give different seeds, e.g. np.random.SeedSequence([seed, index]).")
+
+
+_DISTINCT_SEEDS_HINT = ("Derive a separate seed for each generator from torch.initial_seed(), e.g. "
+                        "np.random.SeedSequence(torch.initial_seed()).spawn(2), so that no generator of the "
+                        "dataset repeats a global one.")
+
+
+def _expect_not_a_global_stream(epoch, global_next, what: str) -> None:
+    """No worker's first draw is what some worker's global RNG would draw next (global_next: per worker,
+    [torch float64, torch float32, NumPy] read in that worker after its first batch, the RNGs left as
+    they were). A dataset generator seeded with a global RNG's seed repeats that RNG's stream; one that
+    draws from the global RNG itself has moved it on, so its draw is never the next one."""
+    for column, name in enumerate(COLUMNS):
+        for worker_id in sorted(epoch):
+            if not len(epoch[worker_id]):
+                continue
+            first = epoch[worker_id][0, column].item()
+            for other in sorted(global_next):
+                upcoming = global_next[other].tolist()
+                candidates = upcoming[:2] if column == 0 else upcoming[2:]
+                if first not in candidates:
+                    continue
+                rng = "torch RNG" if column == 0 else "NumPy RNG (np.random)"
+                whose = "its own" if other == worker_id else f"worker {other}'s"
+                raise AssertionError(
+                    f"{what}, the first {name} draw of worker {worker_id} ({first:.4f}) is exactly the next "
+                    f"number {whose} global {rng} gives: the dataset's generator was seeded with the number "
+                    f"that global RNG was seeded with (inside a worker, torch.initial_seed() is the global torch "
+                    f"RNG's seed), so the two produce one stream. A random transform that draws from the global "
+                    f"RNG (torchvision's do) then repeats the dataset's noise exactly. {_DISTINCT_SEEDS_HINT}")
+
+
+def _expect_own_streams(seen: dict, what: str, copied_hint: str) -> None:
+    """Each worker's streams are its own: not a copy of another worker's, a new draw for every item, and
+    not the stream of a global RNG."""
+    epoch, global_next = seen["streams"][0], seen["global_next"][0]
+    _expect_workers_differ(epoch, what, copied_hint)
+    _expect_new_draw_per_item(epoch, what)
+    _expect_not_a_global_stream(epoch, global_next, what)
+
+
 def _expect_epochs_differ(first, second, what: str, hint: str) -> None:
     for worker_id in sorted(first):
         for column, name in enumerate(COLUMNS):
@@ -265,32 +390,32 @@ def _expect_reproducible(run_a, run_b, seed: int, what: str, hint: str) -> None:
 
 
 _EPOCH_HINT = ("Whatever seeds the generators inside a worker must change from one epoch to the next: "
-               "worker_id alone does not, the worker's torch.initial_seed() does (the loader draws a new "
-               "base seed each epoch).")
+               "worker_id or the item's index alone do not, the worker's torch.initial_seed() does (the "
+               "loader draws a new base seed each epoch).")
 _SEED_WORKER_HINT = ("Reseed the dataset's own generators in seed_worker, reaching the dataset through "
                      "torch.utils.data.get_worker_info().")
 
 
 @graded_check("seed_worker: each worker draws its own augmentation stream")
 def check_seed_worker_workers(seed_worker, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
-    (epoch,) = _seed_worker_streams(seed_worker, seed, num_workers, size, epochs=1)
-    _shape_ok([epoch], "NoisyDataset")
-    _expect_workers_differ(epoch, "With worker_init_fn=seed_worker", _SEED_WORKER_HINT)
+    seen = _seed_worker_run(seed_worker, seed, num_workers, size, epochs=1)
+    _shape_ok(seen["streams"], "NoisyDataset")
+    _expect_own_streams(seen, "With worker_init_fn=seed_worker", _SEED_WORKER_HINT)
 
 
 @graded_check("seed_worker: a new epoch brings new augmentations")
 def check_seed_worker_epochs(seed_worker, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
-    first, second = _seed_worker_streams(seed_worker, seed, num_workers, size, epochs=2)
+    first, second = _seed_worker_run(seed_worker, seed, num_workers, size, epochs=2)["streams"]
     _expect_epochs_differ(first, second, "With worker_init_fn=seed_worker", _EPOCH_HINT)
 
 
 @graded_check("seed_worker: the same loader seed gives the same augmentations")
 def check_seed_worker_reproducible(seed_worker, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
     # Two loaders built alike: the one-epoch run and the first epoch of the two-epoch run.
-    (run_a,) = _seed_worker_streams(seed_worker, seed, num_workers, size, epochs=1)
-    run_b, _ = _seed_worker_streams(seed_worker, seed, num_workers, size, epochs=2)
+    (run_a,) = _seed_worker_run(seed_worker, seed, num_workers, size, epochs=1)["streams"]
+    run_b, _ = _seed_worker_run(seed_worker, seed, num_workers, size, epochs=2)["streams"]
     _expect_reproducible(run_a, run_b, seed, "With worker_init_fn=seed_worker",
-                         "Derive the worker's seed from what the loader's generator decides (the worker's "
+                         "Derive the worker's seeds from what the loader's generator decides (the worker's "
                          "torch.initial_seed()), not from the clock, the process id or fresh OS entropy.")
 
 
@@ -306,25 +431,25 @@ def _lazy_dataset(LazyNoisyDataset, size: int):
 _LAZY_HINT = "Create the generators inside the worker, the first time an item is drawn there."
 
 
-def _lazy_streams(LazyNoisyDataset, dataset, seed: int, num_workers: int, size: int, epochs: int):
+def _lazy_run(LazyNoisyDataset, dataset, seed: int, num_workers: int, size: int, epochs: int) -> dict:
     """The shared run of ``epochs`` over a new LazyNoisyDataset: ``dataset``, if it is not remembered yet."""
-    return _shared_streams(LazyNoisyDataset, lambda: dataset, None, "LazyNoisyDataset", seed, num_workers,
-                           size, epochs)
+    return _shared_run(LazyNoisyDataset, lambda: dataset, None, "LazyNoisyDataset", seed, num_workers,
+                       size, epochs)
 
 
 @graded_check("LazyNoisyDataset: each worker draws its own augmentation stream")
 def check_LazyNoisyDataset_workers(LazyNoisyDataset, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
     dataset = _lazy_dataset(LazyNoisyDataset, size)
-    (epoch,) = _lazy_streams(LazyNoisyDataset, dataset, seed, num_workers, size, epochs=1)
-    _shape_ok([epoch], "LazyNoisyDataset")
-    _expect_workers_differ(epoch, f"With LazyNoisyDataset and {num_workers} workers",
-                           _LAZY_HINT + " Seed them from something that differs per worker.")
+    seen = _lazy_run(LazyNoisyDataset, dataset, seed, num_workers, size, epochs=1)
+    _shape_ok(seen["streams"], "LazyNoisyDataset")
+    _expect_own_streams(seen, f"With LazyNoisyDataset and {num_workers} workers",
+                        _LAZY_HINT + " Seed them from something that differs per worker.")
 
 
 @graded_check("LazyNoisyDataset: a new epoch brings new augmentations")
 def check_LazyNoisyDataset_epochs(LazyNoisyDataset, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
     dataset = _lazy_dataset(LazyNoisyDataset, size)
-    first, second = _lazy_streams(LazyNoisyDataset, dataset, seed, num_workers, size, epochs=2)
+    first, second = _lazy_run(LazyNoisyDataset, dataset, seed, num_workers, size, epochs=2)["streams"]
     _shape_ok([first], "LazyNoisyDataset")
     _expect_epochs_differ(first, second, f"With LazyNoisyDataset and {num_workers} workers", _EPOCH_HINT)
 
@@ -332,14 +457,14 @@ def check_LazyNoisyDataset_epochs(LazyNoisyDataset, seed: int = 0, num_workers: 
 @graded_check("LazyNoisyDataset: the same loader seed gives the same augmentations")
 def check_LazyNoisyDataset_reproducible(LazyNoisyDataset, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
     # Two loaders built alike over two new datasets: the one-epoch run and the two-epoch run's first epoch.
-    (run_a,) = _lazy_streams(LazyNoisyDataset, _lazy_dataset(LazyNoisyDataset, size), seed, num_workers, size,
-                             epochs=1)
-    run_b, _ = _lazy_streams(LazyNoisyDataset, _lazy_dataset(LazyNoisyDataset, size), seed, num_workers, size,
-                             epochs=2)
+    (run_a,) = _lazy_run(LazyNoisyDataset, _lazy_dataset(LazyNoisyDataset, size), seed, num_workers, size,
+                         epochs=1)["streams"]
+    run_b, _ = _lazy_run(LazyNoisyDataset, _lazy_dataset(LazyNoisyDataset, size), seed, num_workers, size,
+                         epochs=2)["streams"]
     _shape_ok([run_a], "LazyNoisyDataset")
     _expect_reproducible(run_a, run_b, seed, f"With LazyNoisyDataset and {num_workers} workers",
-                         "Seed the lazily created generators from the worker's torch.initial_seed() (or "
-                         "get_worker_info().seed), not from the clock, the process id or fresh OS entropy.")
+                         "Derive the lazily created generators' seeds from the worker's torch.initial_seed() "
+                         "(or get_worker_info().seed), not from the clock, the process id or fresh OS entropy.")
 
 
 @graded_check("LazyNoisyDataset: looking at a sample first does not hand every worker one generator")

@@ -5,10 +5,12 @@ force the start method that macOS and Windows use, with implementations defined
 the way a notebook cell defines them (in module ``__main__``).
 """
 
+import multiprocessing
 import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -43,6 +45,45 @@ def test_torch_behaviour_the_notebook_teaches():
     assert torch.equal(copy[0], checks.NoisyDataset(4)[0])
 
 
+def test_a_generator_seeded_with_the_global_seed_repeats_the_global_stream():
+    """What the notebook shows before Exercise 1: inside a worker the global torch RNG is seeded with
+    torch.initial_seed(), so a torch.Generator seeded with that same number draws the same numbers; child
+    seeds from a SeedSequence do not."""
+    seed = 1234
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    assert torch.equal(torch.rand(5, generator=generator), torch.rand(5))
+    child = int(np.random.SeedSequence(seed).spawn(2)[0].generate_state(1, np.uint64)[0])
+    torch.manual_seed(seed)
+    assert not torch.equal(torch.rand(5, generator=torch.Generator().manual_seed(child)), torch.rand(5))
+    (epoch,) = checks.worker_streams(NoisyWithGlobalTransform(8), impls.seed_worker_generator_seeded_like_global)
+    assert all(torch.equal(rows[:, 0], rows[:, 2]) for rows in epoch.values())   # noise == transform
+    (epoch,) = checks.worker_streams(NoisyWithGlobalTransform(8), impls.seed_worker_child_seeds)
+    assert not any(torch.equal(rows[:, 0], rows[:, 2]) for rows in epoch.values())
+
+
+class NoisyWithGlobalTransform(checks.NoisyDataset):
+    """NoisyDataset's two draws, then a transform's draw from the worker's global torch RNG."""
+
+    def __getitem__(self, index):
+        transform = torch.rand((), dtype=torch.float64).reshape(1)
+        return torch.cat([super().__getitem__(index), transform])
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver here")
+def test_under_forkserver_workers_still_copy_the_generator_and_the_fix_still_works():
+    """Python 3.14's default on Linux: the dataset reaches each worker pickled, generators included."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["autograder.worker_seeding"])
+    bug = checks.worker_streams(checks.NoisyDataset(8), seed=0, epochs=2, start_method="forkserver")
+    assert torch.equal(bug[0][0], bug[0][1]) and torch.equal(bug[0][0], bug[1][0])
+    cells = _as_notebook_cells()          # the fix as a notebook cell defines it: it travels by value
+    fixed = checks.worker_streams(checks.NoisyDataset(8), cells["seed_worker_child_seeds"], seed=0, epochs=2,
+                                  start_method="forkserver")
+    assert not torch.equal(fixed[0][0], fixed[0][1]) and not torch.equal(fixed[0][0], fixed[1][0])
+    assert torch.equal(fixed[0][0], checks.worker_streams(checks.NoisyDataset(8), impls.seed_worker_child_seeds,
+                                                          seed=0, epochs=2, start_method="fork")[0][0])
+
+
 def test_a_notebook_defined_function_cannot_be_loaded_by_a_fresh_interpreter():
     namespace = {"__name__": "__main__"}
     exec("def seed_worker(worker_id):\n    pass\n", namespace)
@@ -67,7 +108,7 @@ def _as_notebook_cells():
 def test_spawn_runs_a_notebook_defined_seed_worker(monkeypatch):
     monkeypatch.setenv("WORKBOOK_WORKER_START", "spawn")
     cells = _as_notebook_cells()
-    assert failure_of(checks.check_seed_worker_workers, cells["seed_worker_from_initial_seed"]) is None
+    assert failure_of(checks.check_seed_worker_workers, cells["seed_worker_child_seeds"]) is None
 
 
 def test_spawn_sends_a_notebook_defined_dataset_as_a_pickled_copy(monkeypatch):
