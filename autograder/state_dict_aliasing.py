@@ -18,6 +18,14 @@ from .helpers import (live_tensors, regression_data, serialized_copy, storage_po
 VARIANTS = ("adam", "sgd_momentum", "adam_batchnorm")
 
 
+def _model(seed: int, batchnorm: bool, hidden: int = 8) -> torch.nn.Module:
+    """tiny_mlp seeded with ``seed``, built without touching the process's global RNG (tiny_mlp reseeds it):
+    the learner's code, run next to it, cannot read the check's seed (which tells the scenarios apart) from
+    torch.initial_seed(), and a check leaves the learner's kernel RNG as it was."""
+    with torch.random.fork_rng(devices=[]):
+        return tiny_mlp(hidden=hidden, seed=seed, batchnorm=batchnorm)
+
+
 class _Run:
     """A model, an optimizer and data: the live training state the learner's code must copy."""
 
@@ -26,7 +34,7 @@ class _Run:
             raise ValueError(f"variant must be one of {VARIANTS}")
         self.X, self.y = regression_data(n=32, seed=seed)
         init_seed = seed if init_seed is None else init_seed
-        self.model = tiny_mlp(hidden=hidden, seed=init_seed, batchnorm=variant.endswith("batchnorm"))
+        self.model = _model(init_seed, batchnorm=variant.endswith("batchnorm"), hidden=hidden)
         if variant == "sgd_momentum":
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
         else:
@@ -243,8 +251,9 @@ def check_snapshot_state_model(snapshot_state, seed: int = 0, variant: str = "ad
                 f"After 3 more training steps, snapshot['model'][{key!r}] changed too "
                 f"(max |diff| {max_abs_diff(value, ref):.1e})"
                 + (", because it shares storage with the live model's tensor" if shared else "")
-                + ". model.state_dict() returns references to the live tensors, and detach() or a new dict "
-                "does not copy the data. What in your snapshot actually copies the numbers?")
+                + ". model.state_dict() returns references to the live tensors, and neither detach(), .cpu() "
+                "or .to() of a tensor already on that device, nor a new dict around them, copies the data. What "
+                "in your snapshot actually copies the numbers?")
 
 
 @graded_check("the snapshot's optimizer state does not move when training continues")
@@ -298,7 +307,7 @@ def check_restore_state(restore_state, seed: int = 0, variant: str = "adam") -> 
            "count): only the model was restored, so the next update behaves like a fresh optimizer.")
     _compare_optimizer(restored["optimizer"], expected["optimizer"], "after restore_state, the optimizer state")
     # Its parameters, not BatchNorm's running statistics (the forward pass moves those, trained or not).
-    parameters = {name for name, _ in tiny_mlp(batchnorm=variant.endswith("batchnorm")).named_parameters()}
+    parameters = {name for name, _ in _model(0, batchnorm=variant.endswith("batchnorm")).named_parameters()}
     moved = any(not torch.equal(restored["model"][k], v) for k, v in seen["after_step"].items() if k in parameters)
     expect(moved, "after restore_state, an optimizer step no longer changes the model: the optimizer updates "
                   "parameter tensors the model no longer uses. Loading with assign=True swaps in new parameter "

@@ -82,3 +82,48 @@ def test_torch_behaviour_the_notebook_teaches():
     fresh = torch.optim.Adam(model.parameters())
     fresh.load_state_dict(snapshot)
     assert fresh.state[model.weight]["exp_avg"] is snapshot["state"][0]["exp_avg"]
+
+
+# What the learner's functions see of the process they run in, logged by spies.
+_SEEN = []
+
+
+def _spy_snapshot(model, optimizer):
+    _SEEN.append((torch.initial_seed(), torch.get_rng_state().sum().item()))
+    return impls.snapshot_deepcopy(model, optimizer)
+
+
+def _spy_restore(model, optimizer, snapshot):
+    _SEEN.append((torch.initial_seed(), torch.get_rng_state().sum().item()))
+    impls.restore_deepcopy(model, optimizer, snapshot)
+
+
+@pytest.mark.parametrize("seed, variant", [(0, "adam"), (7, "sgd_momentum"), (11, "adam_batchnorm")])
+def test_nothing_of_the_scenario_reaches_the_answer_through_the_global_rng(seed, variant):
+    """The checks' models are seeded with the scenario's seed (0 visible, 7 and 11 hidden): built without
+    touching the global RNG, an answer cannot read from torch.initial_seed() which test it is in, and the
+    learner's kernel RNG stays as it was."""
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    _SEEN.clear()
+    for name in SNAPSHOT_CHECKS:
+        assert failure_of(getattr(checks, name), _spy_snapshot, seed=seed, variant=variant) is None
+    for name in RESTORE_CHECKS:
+        assert failure_of(getattr(checks, name), _spy_restore, seed=seed, variant=variant) is None
+    assert set(_SEEN) == {(1234, state.sum().item())}
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_optimizer_load_state_dict_keeps_the_given_tensors_since_torch_2_1():
+    """The version note of section 2: the installed torch (2.1 or later) keeps the state tensors it is given,
+    the step counter included, when device and dtype already match."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    assert (major, minor) >= (2, 1)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    given = copy.deepcopy(optimizer.state_dict())
+    optimizer.load_state_dict(given)
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        assert optimizer.state[model.weight][key] is given["state"][0][key]
