@@ -1,12 +1,15 @@
 """Notebook 03: the complete checkpoint. The checks, driven on right and wrong save/load pairs."""
 
 import random
+import re
 
+import nbformat
 import numpy as np
 import pytest
 import torch
 
 from autograder import complete_checkpoint as checks
+from autograder.course import NOTEBOOKS
 from check_outcomes import failure_of
 from fixtures import complete_checkpoint_impls as impls
 
@@ -74,7 +77,7 @@ def test_torch_behaviour_the_notebook_teaches():
     buffer = io.BytesIO()
     torch.save({"numpy": np.random.get_state()}, buffer)
     buffer.seek(0)
-    with pytest.raises(Exception, match="Weights only load failed"):
+    with pytest.raises(Exception, match="Weights only load failed"), checks.nothing_allowlisted():
         torch.load(buffer)
     buffer = io.BytesIO()
     torch.save({"numpy": impls.numpy_rng_as_tensors(), "python": random.getstate()}, buffer)
@@ -101,3 +104,46 @@ def test_without_fork_the_checks_still_grade(monkeypatch):
         impls.make_load(), impls.make_save(omit=("numpy_rng",))), None)
     assert "NumPy's global RNG" in message
     checks._RECENT_EXPERIMENTS.clear()
+
+
+def test_an_allowlist_registered_here_does_not_make_the_checkpoint_loadable():
+    """torch.load's own message suggests add_safe_globals; the allowlist stays in the process that made it.
+    The save check loads as a process that allowlisted nothing (the grader, the resume after a crash) does,
+    so it fails in the kernel as it does under grading, and leaves the kernel's allowlist as it found it."""
+    def allowlist():
+        return {getattr(g, "__qualname__", g) for g in torch.serialization.get_safe_globals()}
+
+    before = torch.serialization.get_safe_globals()
+    try:
+        torch.serialization.add_safe_globals(impls.NUMPY_RNG_GLOBALS)
+        registered = allowlist()
+        message = failure_of(checks.check_save_checkpoint, impls.save_numpy_allowlisted)
+        assert "nothing allowlisted" in message and "add_safe_globals" in message and "NumPy" in message
+        assert registered <= allowlist() and "_reconstruct" in allowlist()
+        with checks.nothing_allowlisted():
+            assert torch.serialization.get_safe_globals() == []
+    finally:   # this test process's allowlist as it was
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
+
+
+def _solution_cells():
+    notebook = next(n for n in NOTEBOOKS if n.number == "03")
+    return nbformat.read(str(notebook.source()), as_version=4).cells
+
+
+def test_prose_is_markdown_not_comments_at_the_end_of_a_code_cell():
+    for cell in _solution_cells():
+        if cell.cell_type == "code":
+            assert not re.search(r"^# #+ ", cell.source, re.MULTILINE), cell.source[-300:]
+    headings = [line for cell in _solution_cells() if cell.cell_type == "markdown" for line in cell.source.splitlines()]
+    assert "### Three random number generators" in headings
+
+
+def test_the_notebook_shows_no_atomic_save_of_its_own_and_points_to_05():
+    """Notebook 05's checks define an atomic save (a .tmp file next to the checkpoint, file and folder synced,
+    cleaned up on failure); 03 shows the trap only and points there, rather than a helper that fails them."""
+    sources = [cell.source for cell in _solution_cells()]
+    assert not any("def atomic_save" in source or "atomic_save(" in source for source in sources)
+    assert any("05_atomic_writes.ipynb" in source for source in sources)
+    assert any("notebook 05's subject" in source for source in sources)

@@ -133,6 +133,18 @@ def test_a_resume_whose_last_bits_differ_ends_a_few_ulps_away(args):
     assert all(torch.allclose(got[k], reference[k]) for k in reference)   # allclose's defaults accept it
 
 
+def test_the_reproducibility_table_is_the_same_in_notebooks_03_and_08():
+    """One story: both notebooks show the very same table of the reproducibility boundary."""
+    cells = []
+    for number in ("03", "08"):
+        nb = nbformat.read(str(next(n for n in NOTEBOOKS if n.number == number).source()), as_version=4)
+        cells.append([c.source for c in nb.cells if c.get("id") == "reproducibility-boundary"])
+    assert len(cells[0]) == len(cells[1]) == 1 and cells[0] == cells[1]
+    for named in ("torch.backends.cudnn.benchmark", "torch.use_deterministic_algorithms(True)",
+                  "CUBLAS_WORKSPACE_CONFIG", "`torch.equal`", "a declared tolerance"):
+        assert named in cells[0][0]
+
+
 def test_torch_behaviour_the_table_states():
     """What the table says of the installed torch: cuDNN's autotuner is off by default; the deterministic
     flag keeps this loop's bits; the release's documentation of the flag no longer asks for
