@@ -161,3 +161,37 @@ def test_an_unanswered_exercise_still_raises_not_implemented_error():
         checks.check_epoch_order_permutation(stub)
     with pytest.raises(NotImplementedError):
         checks.check_resume_shards_padding(stub)
+
+
+def test_the_permutation_message_no_longer_says_the_global_rng_gives_another_order():
+    """Reseeded with seed + epoch, torch's global RNG gives the sampler's order: the message for another order
+    names the global RNG only in whatever state the process left it; the reseed has a message of its own."""
+    message = failure_of(checks.check_epoch_order_permutation, impls.order_python_random)
+    assert "or the global one, gives another order" not in message
+    assert "torch's global RNG in whatever state the process left it" in message
+    reseeded = failure_of(checks.check_epoch_order_permutation, impls.order_torch_manual_seed)
+    assert "gives DistributedSampler's order" in reseeded and "torch.manual_seed(13)" in reseeded
+
+
+def test_the_rng_probe_puts_the_learners_global_rngs_back():
+    """It sets every global RNG to a state of its own for the call (a reseed shows even when the process
+    was seeded alike), then puts back what the learner's process had."""
+    import random
+
+    import numpy as np
+    import torch
+
+    def draws():
+        return random.random(), float(np.random.rand()), torch.rand(1).item()
+
+    def seed_all():
+        random.seed(3)
+        np.random.seed(3)
+        torch.manual_seed(3)
+
+    seed_all()
+    expected = draws()
+    seed_all()
+    seen = checks.probe_global_rngs(impls.order_seeds_every_global_rng, 12, 0, 1, 3)
+    assert checks.changed_global_rngs(seen) == ["random", "numpy", "torch"]
+    assert draws() == expected
