@@ -164,10 +164,23 @@ def check_adam_step(adam_step, seed: int = 0, steps: int = 30, **hp) -> None:
                                  "completed steps, the bias correction of step t uses 1 - beta**t after t is "
                                  "incremented; 1 - beta**0 is 0.")
         if k == 0:
+            ratios = moved / np.maximum(should, 1e-300)
+            uncorrected = (1 - hp.get("beta1", 0.9)) / np.sqrt(1 - hp.get("beta2", 0.999))
+            if abs(ratio - 1) > 0.005 and np.allclose(ratios, ratio, rtol=1e-3) and \
+                    not np.isclose(ratio, uncorrected, rtol=1e-3):
+                default = ("this call passes none, so your signature's default is used" if "lr" not in hp
+                           else f"this call passes lr={lr:g}")
+                raise AssertionError(
+                    f"{evidence} On the very first step PyTorch moves every weight by about lr = {lr:g}; yours moved "
+                    f"every weight {ratio:.3g} times as far, all alike. A constant factor is the learning rate: "
+                    f"{default}. (Without the bias correction the factor would be (1 - beta1) / sqrt(1 - beta2) = "
+                    f"{uncorrected:.3g}, and that is not it.)")
+            exactly = (f" That factor is (1 - beta1) / sqrt(1 - beta2) = {uncorrected:.3g}: what m and v give "
+                       f"uncorrected." if np.isclose(ratio, uncorrected, rtol=1e-3) else "")
             raise AssertionError(
                 f"{evidence} On the very first step PyTorch moves every weight by about lr = {lr:g}: "
-                f"m-hat / sqrt(v-hat) is g / |g| once both moments are bias-corrected. Check how you correct "
-                f"m and v for their zero start, and where eps goes.")
+                f"m-hat / sqrt(v-hat) is g / |g| once both moments are bias-corrected.{exactly} Check how you "
+                f"correct m and v for their zero start, and where eps goes.")
         raise AssertionError(f"{evidence} Check the moment updates, the bias correction with the current t, "
                              f"and where eps goes (outside the square root).")
 
@@ -187,15 +200,68 @@ def check_adam_step_state(adam_step, seed: int = 0, steps: int = 6, **hp) -> Non
                f"After {k + 1} call(s) of adam_step, state['t'] is {state['t']}, expected {k + 1}: t counts "
                f"completed steps and must grow by one per call, in the dict you were given (update it in "
                f"place; rebinding the name `state` inside the function changes nothing for the caller).")
-        for key, name in (("m", "first moment m"), ("v", "second moment v")):
+        for key, name, beta, default in (("m", "first moment m", "beta1", 0.9), ("v", "second moment v", "beta2", 0.999)):
             got = np.asarray(state[key], dtype=np.float64)
-            scale = np.maximum(np.abs(trajectory[k][2][key]), np.abs(g) if key == "m" else g * g)
-            if not np.all(np.abs(got - ref[key]) <= ULPS * np.spacing(np.maximum(scale, np.abs(ref[key])))):
-                raise AssertionError(
-                    f"After {k + 1} call(s), state[{key!r}] (the {name}) differs from torch.optim.Adam's "
-                    f"{'exp_avg' if key == 'm' else 'exp_avg_sq'} by up to {np.max(np.abs(got - ref[key])):.2e}"
-                    + (" (it is still all zeros)" if not np.any(got) else "")
-                    + ". It should be the raw moving average (not bias-corrected), kept in the state dict.")
+            term = g if key == "m" else g * g
+            scale = np.maximum(np.abs(trajectory[k][2][key]), np.abs(term))
+            if np.all(np.abs(got - ref[key]) <= ULPS * np.spacing(np.maximum(scale, np.abs(ref[key])))):
+                continue
+            # What the state holds instead, where it matches a mistake exactly (the earlier calls matched).
+            b = hp.get(beta, default)
+            corrected = ref[key] / (1 - b ** (k + 1))
+            with_default = default * trajectory[k][2][key] + (1 - default) * term
+            if np.allclose(got, corrected, rtol=1e-9, atol=0):
+                why = (f": it holds the bias-corrected average (divided by 1 - {beta}**t). Keep the raw moving "
+                       f"average in the state, and correct a copy of it for the step.")
+            elif b != default and np.allclose(got, with_default, rtol=1e-9, atol=0):
+                why = (f": it matches the moving average with the default {beta}={default:g}, not the {beta}={b:g} "
+                       f"this call passes. Use the betas adam_step is given.")
+            else:
+                why = (" (it is still all zeros)" if not np.any(got) else "") + (
+                    f". It should be the raw moving average with {beta}={b:g} (not bias-corrected), kept in the "
+                    f"state dict.")
+            raise AssertionError(
+                f"After {k + 1} call(s), state[{key!r}] (the {name}) differs from torch.optim.Adam's "
+                f"{'exp_avg' if key == 'm' else 'exp_avg_sq'} by up to {np.max(np.abs(got - ref[key])):.2e}{why}")
+
+
+def _close(w: np.ndarray, expected: np.ndarray) -> bool:
+    return float(np.max(np.abs(w - expected))) <= 1e-9 * max(1.0, float(np.max(np.abs(expected))))
+
+
+def _stale_gradient_run(w: np.ndarray, state: dict, n: int, grad_fn, hp: dict) -> np.ndarray:
+    """n steps of torch.optim.Adam that all use the gradient at the starting weights."""
+    adam, g = TorchAdam(w, state, **hp), grad_fn(w)
+    for _ in range(n):
+        adam.step(g)
+    return adam.w
+
+
+def _shown(hp: dict) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in hp.items()) or "none"
+
+
+def _what_train_n_steps_did(w: np.ndarray, w_start: np.ndarray, state_start: dict, n: int, grad_fn,
+                            hp: dict) -> str | None:
+    """Which mistake the weights after one call of train_n_steps match, if one does: each is replayed with
+    torch.optim.Adam from where the call started."""
+    candidates = [
+        (lambda: _stale_gradient_run(w_start, state_start, n, grad_fn, hp),
+         f"an Adam that used one and the same gradient, the one at the starting weights, for all {n} steps of "
+         f"this call. Each step needs the gradient at the current weights: call grad_fn(w) in every step"),
+        (lambda: TorchAdam(w_start, state_start).run(grad_fn, n),
+         f"torch.optim.Adam with the default hyperparameters (lr=0.001, beta1=0.9, beta2=0.999, eps=1e-08), not "
+         f"with the ones train_n_steps received ({_shown(hp)}). Pass them on to adam_step")
+        if hp else None,
+        (lambda: TorchAdam(w_start, None, **hp).run(grad_fn, n),
+         "an Adam that started afresh (m = v = 0, t = 0) at this call, instead of continuing the state it was "
+         "given. Step with that very dict, which adam_step updates in place")
+        if int(state_start["t"]) else None,
+    ]
+    for replay, story in filter(None, candidates):
+        if _close(w, replay()):
+            return story
+    return None
 
 
 @graded_check("train_n_steps continues from the state it is given and counts n steps")
@@ -206,6 +272,7 @@ def check_train_n_steps(train_n_steps, seed: int = 0, first: int = 7, then: int 
     state = new_adam_state(problem.w0)
     w = problem.w0.copy()
     for n in (first, then):
+        w_start, state_start = reference.w, reference.state
         w = _as_weights(train_n_steps(w, state, n, problem.grad, **hp), problem.w0, "train_n_steps")
         expected = reference.run(problem.grad, n)
         done = int(reference.state["t"])
@@ -214,11 +281,19 @@ def check_train_n_steps(train_n_steps, seed: int = 0, first: int = 7, then: int 
                f"After train_n_steps with n={first}" + (f" and then n={then}" if n == then else "")
                + f", state['t'] is {state['t']}, expected {done}: every step must advance the state you "
                  f"were given, and a second call must continue from it, not start a new Adam.")
-        diff = float(np.max(np.abs(w - expected)))
-        expect(diff <= 1e-9 * max(1.0, float(np.max(np.abs(expected)))),
-               f"After {done} steps in total the weights differ from torch.optim.Adam's by {diff:.2e}. "
-               f"Does train_n_steps pass the hyperparameters it receives (lr={hp.get('lr', 1e-3):g}, ...) on to "
-               f"adam_step, compute the gradient at the current weights, and continue the state it was given?")
+        if _close(w, expected):
+            continue
+        evidence = (f"After {done} steps in total (this call: n={n}) the weights differ from torch.optim.Adam's by "
+                    f"{float(np.max(np.abs(w - expected))):.2e}")
+        story = _what_train_n_steps_did(w, w_start, state_start, n, problem.grad, hp)
+        if story:
+            raise AssertionError(f"{evidence}, and they match {story}.")
+        raise AssertionError(
+            f"{evidence}. They match none of the usual mistakes, each replayed with torch.optim.Adam from where "
+            f"this call started: the gradient at the starting weights reused for every step, the default "
+            f"hyperparameters instead of the ones received ({_shown(hp)}), a fresh Adam state. Several at once, "
+            f"or adam_step itself? Check that each step computes grad_fn(w) at the current weights, passes the "
+            f"hyperparameters on, and continues the state it was given.")
 
 
 def _trained(seed: int, k: int, hp: dict):
@@ -240,19 +315,23 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 9, **hp) -> N
     expect(result is None, f"save_checkpoint returned a {type(result).__name__}; it should write to disk "
                            f"and return None (the checkpoint is the file, not a value in memory).")
     name = os.path.basename(path)
-    expect(size is not None or elsewhere,
-           f"save_checkpoint({name!r}, w, state) wrote nothing to disk: a checkpoint kept in memory dies with "
-           f"the process it was meant to survive.")
-    numpy_suffix = [n for n in elsewhere if n in (name + ".npz", name + ".npy")]
-    expect(size is not None,
-           f"save_checkpoint({name!r}, w, state) wrote no file at `path`, only {', '.join(elsewhere)} next to it"
-           + (": given a file name, np.savez and np.save append .npz or .npy to it. Open the file yourself and "
-              "pass the file object." if numpy_suffix else ". The checkpoint is the file `path`: that is where "
-                                                           "a resume looks for it."))
+    expect(size is not None, _no_file_at_path(name, elsewhere))
     expect(size, f"save_checkpoint({name!r}, w, state) left an empty file at `path`: the weights and the Adam "
                  f"state must be in it.")
     expect(np.array_equal(w, before[0]) and all(np.array_equal(state[key], before[1][key]) for key in before[1]),
            "Saving changed the weights or the Adam state it was given: save_checkpoint must only read them.")
+
+
+def _no_file_at_path(name: str, elsewhere: list[str]) -> str:
+    """Why there is no file at `path` after save_checkpoint(path, ...), from what its folder holds."""
+    if not elsewhere:
+        return (f"save_checkpoint({name!r}, w, state) wrote nothing to disk: a checkpoint kept in memory dies with "
+                f"the process it was meant to survive.")
+    numpy_suffix = [n for n in elsewhere if n in (name + ".npz", name + ".npy")]
+    return (f"save_checkpoint({name!r}, w, state) wrote no file at `path`, only {', '.join(elsewhere)} next to it"
+            + (": given a file name, np.savez and np.save append .npz or .npy to it. Open the file yourself and "
+               "pass the file object." if numpy_suffix else ". The checkpoint is the file `path`: that is where "
+                                                            "a resume looks for it."))
 
 
 def _saving(save_checkpoint, path: str, w: np.ndarray, state: dict):
@@ -285,19 +364,23 @@ def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, s
     from ``path`` with the learner's code here, in a process that never saw the save: only the file gets
     through. Returns {"resumed": what the resume returned, "raised": what it raised (see grading.server.describe_exception) or
     None, "save_raised": what the save raised or None, "save_died": why the saving process failed or None,
-    "control": None, or, when the resume did not give back what was saved (its weights only, unless ``full``),
-    whether a save and a resume in one and the same fresh process do}.
+    "at_path": whether the save left a file at ``path``, "elsewhere": the other names in its folder, "control":
+    None, or, when the resume did not give back what was saved (its weights only, unless ``full``), whether a
+    save and a resume in one and the same fresh process do}.
 
     Where there is no fork, the save runs here; the arrays it was given are then overwritten before the
     resume, so that a "checkpoint" that only keeps references to them moves too."""
     saved_w, saved_state = w.copy(), {key: np.copy(value) for key, value in state.items()}
-    seen = {"resumed": None, "raised": None, "save_raised": None, "save_died": None, "control": None}
+    seen = {"resumed": None, "raised": None, "save_raised": None, "save_died": None, "control": None,
+            "at_path": None, "elsewhere": None}
     try:
         seen["save_raised"] = run_in_fresh_process(_saving(save_checkpoint, path, w, state), timeout)
     except RuntimeError as exc:  # it died, ran out of time, or ended itself (sys.exit)
         seen["save_died"] = str(exc)
     if seen["save_raised"] or seen["save_died"]:
         return seen
+    seen["at_path"] = os.path.isfile(path)
+    seen["elsewhere"] = sorted(name for name in os.listdir(os.path.dirname(path)) if name != os.path.basename(path))
     # Training goes on in the same arrays after a save: a checkpoint that still points at them moves too.
     w[:] = 0.0
     state["m"][:] = 0.0
@@ -364,6 +447,9 @@ def _saved_and_resumed(save_checkpoint, resume, seed: int, k: int, hp: dict, wha
         raise learner_exception(seen["save_raised"])
     if seen["control"]:
         raise AssertionError(_not_on_disk(seen, path, saved, what, full))
+    if seen["raised"] and not seen["at_path"]:
+        raise AssertionError(f"{what}(path) raised {seen['raised']['type']}: "
+                             + _no_file_at_path(os.path.basename(path), seen["elsewhere"]))
     if seen["raised"]:
         raise learner_exception(seen["raised"])
     return problem, saved, _resumed(seen["resumed"], problem.w0, what)
@@ -373,6 +459,9 @@ def _resumed(result, like: np.ndarray, what: str):
     expect(isinstance(result, tuple) and len(result) == 2,
            f"{what}(path) should return a pair (w, state), not {type_name(result)}.")
     w, state = result
+    expect(not (isinstance(w, dict) and isinstance(state, np.ndarray)),
+           f"{what}(path) returned a pair whose first item is a dict and whose second is an array: return "
+           f"(w, state), the weights first, as train_n_steps takes them.")
     return _as_weights(w, like, what), _as_state(state, like, f"the state returned by {what}")
 
 

@@ -2,12 +2,14 @@
 
 import os
 
+import nbformat
 import numpy as np
 import pytest
 import torch
 
 from autograder import adam_resume as checks
 from autograder import complete_checkpoint
+from autograder.course import NOTEBOOKS
 from check_outcomes import failure_of
 from fixtures import adam_resume_impls as impls
 from notebook_checks import lost_checks
@@ -41,11 +43,24 @@ def test_torch_adam_state_keys_the_notebook_shows():
 
 
 def test_a_wrong_default_learning_rate_is_caught_by_the_hidden_call():
-    def adam_step_default_lr_too_high(w, g, state, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8):
-        return impls.adam_step_textbook(w, g, state, lr, beta1, beta2, eps)
-    assert failure_of(checks.check_adam_step, adam_step_default_lr_too_high, lr=0.01, beta1=0.85,
+    assert failure_of(checks.check_adam_step, impls.adam_step_default_lr_too_high, lr=0.01, beta1=0.85,
                       beta2=0.995) is None
-    assert "10 times PyTorch's" in failure_of(checks.check_adam_step, adam_step_default_lr_too_high, seed=3)
+    message = failure_of(checks.check_adam_step, impls.adam_step_default_lr_too_high, seed=3)
+    assert "10 times PyTorch's" in message and "your signature's default" in message
+
+
+def test_the_notebook_measures_how_much_larger_sqrt_v_hat_is_than_g():
+    """Section 2's claim about the run that never stopped is printed from the run, not asserted in prose."""
+    problem = checks.regression_problem(0)
+    adam = checks.TorchAdam(problem.w0, lr=0.05)
+    adam.run(problem.grad, 150)
+    t = adam.state["t"]
+    ratio = np.sqrt(adam.state["v"] / (1 - 0.999 ** t)) / np.abs(problem.grad(adam.w))
+    assert ratio.min() > 100 and ratio.max() / ratio.min() > 10   # far larger, by no single factor
+    notebook = next(n for n in NOTEBOOKS if n.number == "02")
+    cells = nbformat.read(str(notebook.source()), as_version=4).cells
+    assert not any("hundreds of times" in c.source for c in cells)
+    assert any("sqrt(v_hat) / |g|" in c.source and c.cell_type == "code" for c in cells)
 
 
 # ---- only what is on disk gets through: the save runs in a process of its own -------------------
