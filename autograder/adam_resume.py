@@ -392,7 +392,8 @@ def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, s
         seen["raised"] = describe_exception(exc)
     if seen["raised"] or not _same(seen["resumed"], saved_w, saved_state, full):
         def round_trip() -> bool:
-            control = os.path.join(os.path.dirname(path), "control.ckpt")
+            # Another folder, the same name: nothing in the path tells the learner's code this is the control.
+            control = os.path.join(tempfile.mkdtemp(dir=os.path.dirname(path)), os.path.basename(path))
             save_checkpoint(control, saved_w.copy(), {key: np.copy(v) for key, v in saved_state.items()})
             return _same(resume(control), saved_w, saved_state, full)
         try:

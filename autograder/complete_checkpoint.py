@@ -377,21 +377,20 @@ def run_resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: in
 
     The uninterrupted run is computed here; the learner's save and load run in probes.
     """
-    with preserved_rngs(), tempfile.TemporaryDirectory() as folder:
+    with preserved_rngs(), tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as elsewhere:
         continuous = make_trainer(seed)
         train_steps(continuous, k)
         at_k = snapshot(continuous)
         expected = train_steps(continuous, n - k)
         final = snapshot(continuous)
 
-        written = os.path.join(folder, "written", "checkpoint.pt")
-        os.makedirs(os.path.dirname(written))
+        # The same name as check_save_checkpoint's: nothing in the path tells the save which check runs it.
+        written = os.path.join(folder, "checkpoint.pt")
         observe(probe_save, save_checkpoint, written, seed, k, after=0)
         expect(os.path.isfile(written), f"save_checkpoint(path, trainer) wrote no file at `path` (the folder holds "
-                                        f"{sorted(os.listdir(os.path.dirname(written)))}): the resume reads that file.")
-        # The resume reads the file from another place: only what is on disk can get through.
-        path = os.path.join(folder, "moved", "resume_from.pt")
-        os.makedirs(os.path.dirname(path))
+                                        f"{sorted(os.listdir(folder))}): the resume reads that file.")
+        # The resume reads the file from another folder: only what is on disk can get through.
+        path = os.path.join(elsewhere, "checkpoint.pt")
         os.replace(written, path)
         try:
             at_load, resumed, resumed_final, tampering = observe(probe_resume, load_checkpoint, path, seed, n - k,

@@ -149,3 +149,20 @@ def test_the_checkpoint_is_the_file_at_path(tmp_path):
     message = failure_of(checks.check_save_checkpoint, save_by_name)
     assert "no file at `path`, only adam.ckpt.npz" in message and "append .npz" in message
     assert "left an empty file at `path`" in failure_of(checks.check_save_checkpoint, save_empty)
+
+
+def test_the_control_round_trip_cannot_be_told_from_the_real_one(tmp_path):
+    """Where the resume from the file alone fails, a save and resume in one process are tried as a control:
+    with the same file name, so that nothing in the path says which of the two is running."""
+    log = tmp_path / "paths.txt"
+
+    def save(path, w, state):
+        with open(log, "a") as f:
+            f.write(path + "\n")
+        impls.save_placeholder_and_copies(path, w, state)
+
+    message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(impls.resume_full_from_copies, save),
+                         None)
+    assert "not really on disk" in message
+    paths = log.read_text().split()
+    assert len(paths) == 2 and len(set(paths)) == 2 and {os.path.basename(p) for p in paths} == {"adam.ckpt"}

@@ -147,3 +147,25 @@ def test_the_notebook_shows_no_atomic_save_of_its_own_and_points_to_05():
     assert not any("def atomic_save" in source or "atomic_save(" in source for source in sources)
     assert any("05_atomic_writes.ipynb" in source for source in sources)
     assert any("notebook 05's subject" in source for source in sources)
+
+
+def test_the_save_cannot_tell_which_check_calls_it():
+    """The save check and the resume experiments hand save_checkpoint the same file name in a folder of
+    tempfile's making, and the resume reads it under that name too: no path says what is being tested."""
+    seen = []
+
+    def save(path, trainer):
+        seen.append(path)
+        impls.save_complete(path, trainer)
+
+    def load(path, trainer):
+        seen.append(path)
+        impls.load_complete(path, trainer)
+
+    assert failure_of(checks.check_save_checkpoint, save) is None
+    checks._RECENT_EXPERIMENTS.clear()
+    assert failure_of(lambda _: checks.check_load_checkpoint_rng(load, save), None) is None
+    checks._RECENT_EXPERIMENTS.clear()
+    # the load ran in a forked child: only the two saves were recorded here
+    assert len(seen) == 2 and {checks.os.path.basename(p) for p in seen} == {"checkpoint.pt"}
+    assert all(checks.os.path.basename(checks.os.path.dirname(p)).startswith("tmp") for p in seen)
