@@ -7,7 +7,9 @@
     python3 workbook.py check     grade my notebooks (workbook-check; add 01 or a path)
     python3 workbook.py demo 01   render a notebook with solutions and outputs to HTML (classroom)
     python3 workbook.py grade 01  grade a class in parallel into nbgrader's gradebook, then a
-                                  per-trap summary of what the class got wrong (instructors)
+                                  per-trap summary of what the class got wrong (instructors;
+                                  --scheduler tcp://HOST:PORT grades on a Dask cluster)
+    python3 workbook.py worker tcp://HOST:PORT   a grading worker of that cluster, on this machine
     python3 workbook.py release   regenerate notebooks/ from solutions/ with nbgrader (authors;
                                   add names or prefixes such as 04 to release only those)
 
@@ -84,7 +86,7 @@ def release(names: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"lab", "test", "check", "demo", "grade", "release"}:
+    if not argv or argv[0] not in {"lab", "test", "check", "demo", "grade", "worker", "release"}:
         print(__doc__)
         return 2
     command, extra = argv[0], argv[1:]
@@ -105,6 +107,8 @@ def main(argv: list[str]) -> int:
         return run([str(BIN / "workbook-demo"), *extra])
     if command == "grade":
         return run([str(BIN / "workbook-grade"), *extra])
+    if command == "worker":
+        return run([str(BIN / "workbook-worker"), *extra])
     return release(extra)
 
 

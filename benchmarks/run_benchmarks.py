@@ -32,6 +32,7 @@ and ratios against a floor measured in the same run cancel much of the noise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import json
@@ -48,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import nbformat  # noqa: E402
 
@@ -198,11 +199,46 @@ def total_scores(course: Path) -> dict:
                 for a in gb.assignments for s in gb.assignment_submissions(a.name)}
 
 
+@contextlib.contextmanager
+def dask_cluster(kind: str, workers: int):
+    """The address of a Dask cluster of ``workers`` grading workers on this machine: an in-process
+    LocalCluster, or a `dask scheduler` with `workbook-worker` processes as the README starts them."""
+    if kind == "local":
+        from distributed import LocalCluster
+
+        from autograder.grading.cluster import course_resource
+        with LocalCluster(n_workers=workers, threads_per_worker=1, resources={course_resource(): 1},
+                          preload=["autograder.commands.worker"], dashboard_address=None) as cluster:
+            yield cluster.scheduler_address
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-dask-") as tmp:
+        file = Path(tmp) / "scheduler.json"
+        started = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                                     "--no-dashboard", "--scheduler-file", str(file)], env=tool_env(),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        try:
+            while not (file.exists() and file.stat().st_size):
+                time.sleep(0.1)
+            address = json.loads(file.read_text())["address"]
+            started.append(subprocess.Popen([str(BIN / "workbook-worker"), address, "--nworkers", str(workers)],
+                                            env=tool_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            from distributed import Client
+            with Client(address, timeout=30) as client:
+                client.wait_for_workers(workers, timeout=120)
+            yield address
+        finally:
+            for process in reversed(started):
+                process.terminate()
+                process.wait()
+
+
 def bench_grading(paths: list[Path], students: int, jobs: list[int], repeats: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-class-") as tmp:
         blank, assignments = build_class(Path(tmp) / "blank", paths, students)
         say(f"  a class of {students} students x {len(assignments)} graded notebooks")
-        modes = [("nbgrader autograde (serial)", None)] + [(f"workbook-grade --jobs {j}", j) for j in jobs]
+        modes = ([("nbgrader autograde (serial)", None)] + [(f"workbook-grade --jobs {j}", j) for j in jobs]
+                 + [(f"{name} ({2} workers)", kind) for name, kind in (("Dask LocalCluster", "local"),
+                                                                          ("dask scheduler + workbook-worker", "cli"))])
         rows, reference = [], None
         for name, workers in modes:
             seconds = []
@@ -210,7 +246,14 @@ def bench_grading(paths: list[Path], students: int, jobs: list[int], repeats: in
                 course = Path(shutil.copytree(blank, Path(tmp) / f"run-{workers}-{repeat}"))
                 before = load()
                 start = time.perf_counter()
-                if workers is None:
+                if isinstance(workers, str):       # a Dask cluster of 2 workers, started outside the timing
+                    with dask_cluster(workers, 2) as address:
+                        start = time.perf_counter()
+                        subprocess.run([sys.executable, "-m", "autograder.commands.grade", *assignments, "--course",
+                                        str(course), "--scheduler", address, "--no-summary"],
+                                       cwd=ROOT, env=tool_env(), capture_output=True, text=True)
+                        seconds.append(time.perf_counter() - start)
+                elif workers is None:
                     for assignment in assignments:
                         run = subprocess.run([str(BIN / "nbgrader"), "autograde", assignment, "--create"],
                                              cwd=course, env=tool_env(), capture_output=True, text=True)
@@ -220,16 +263,20 @@ def bench_grading(paths: list[Path], students: int, jobs: list[int], repeats: in
                     subprocess.run([sys.executable, "-m", "autograder.commands.grade", *assignments, "--course",
                                     str(course), "--jobs", str(workers), "--no-summary"],
                                    cwd=ROOT, env=tool_env(), capture_output=True, text=True)
-                seconds.append(time.perf_counter() - start)
+                if not isinstance(workers, str):
+                    seconds.append(time.perf_counter() - start)
                 scores = total_scores(course)
                 reference = reference if reference is not None else scores
                 say(f"    {name}: {seconds[-1]:.1f} s (load {before[0]} -> {load()[0]})")
                 shutil.rmtree(course, ignore_errors=True)
-            rows.append({"mode": name, "jobs": workers, "seconds": seconds, "median_s": statistics.median(seconds),
-                         "same_scores_as_nbgrader": scores == reference, "submissions": len(scores)})
+            rows.append({"mode": name, "jobs": workers if not isinstance(workers, str) else 2, "seconds": seconds,
+                         "median_s": statistics.median(seconds), "same_scores_as_nbgrader": scores == reference,
+                         "submissions": len(scores)})
     serial = rows[0]["median_s"]
+    cpus = os.cpu_count() or 1
     for row in rows:
         row["speedup"] = serial / row["median_s"]
+        row["per_minute_per_core"] = row["submissions"] / (row["median_s"] / 60) / min(row["jobs"] or 1, cpus)
     return {"students": students, "notebooks": assignments, "cpus": os.cpu_count(), "rows": rows}
 
 
@@ -237,9 +284,15 @@ def print_grading(result: dict) -> None:
     n = result["students"] * len(result["notebooks"])
     say(f"\nGrading a class: {result['students']} students x {len(result['notebooks'])} notebooks = {n} "
         f"submissions on {result['cpus']} CPUs")
-    say(f"{'mode':<30} {'seconds':>8} {'speed-up':>9}  same scores as nbgrader")
+    say(f"{'mode':<46} {'seconds':>8} {'speed-up':>9} {'/min/core':>10}  same scores as nbgrader")
     for r in result["rows"]:
-        say(f"{r['mode']:<30} {r['median_s']:>8.1f} {r['speedup']:>8.2f}x  {r['same_scores_as_nbgrader']}")
+        say(f"{r['mode']:<46} {r['median_s']:>8.1f} {r['speedup']:>8.2f}x {r['per_minute_per_core']:>10.1f}  "
+            f"{r['same_scores_as_nbgrader']}")
+    pool = next((r for r in result["rows"] if r["jobs"] == 2 and "--jobs" in r["mode"]), None)
+    for r in result["rows"]:
+        if pool and "workers)" in r["mode"]:
+            say(f"dispatch overhead of {r['mode']}: {(r['median_s'] - pool['median_s']) / r['submissions']:+.2f} s "
+                f"per submission against workbook-grade --jobs 2")
     say(f"target: >= {GRADING_TARGET}x on 2 cores")
 
 

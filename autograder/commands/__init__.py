@@ -1,4 +1,5 @@
 """The console commands: ``check`` (workbook-check, a learner's self-check), ``grade`` (workbook-grade,
-a class into nbgrader's gradebook, with ``class_summary``) and ``demo`` (workbook-demo, the classroom
-renderer). ``workbook.py`` runs them from the course's environment.
+a class into nbgrader's gradebook, with ``class_summary``), ``worker`` (workbook-worker, a grading
+worker of a Dask cluster) and ``demo`` (workbook-demo, the classroom renderer). ``workbook.py`` runs
+them from the course's environment.
 """

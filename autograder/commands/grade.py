@@ -87,6 +87,7 @@ class SubmissionJob:
     db_url: str  # the gradebook, with a busy timeout
     cell_timeout: int = DEFAULT_CELL_TIMEOUT
     log_path: str | None = None
+    scheduler: str = ""  # a Dask scheduler: the judging happens on its workers (grading/cluster.py)
 
 
 @dataclasses.dataclass
@@ -126,7 +127,8 @@ def _autograde(job: SubmissionJob, robust: bool) -> int:
     """``nbgrader autograde ASSIGNMENT --student STUDENT --force --create``, in this process."""
     argv = [job.assignment, "--student", job.student, "--force", "--create",
             f"--CourseDirectory.root={job.course}", f"--CourseDirectory.db_url={job.db_url}",
-            f"--Execute.timeout={job.cell_timeout}", f"--JudgeInSandbox.timeout={job.cell_timeout}"]
+            f"--Execute.timeout={job.cell_timeout}", f"--JudgeInSandbox.timeout={job.cell_timeout}",
+            f"--JudgeInSandbox.scheduler={job.scheduler}"]
     os.chdir(job.course)  # nbgrader reads nbgrader_config.py from the working folder (we are a child)
     app = AutogradeApp()
     app.initialize(argv)
@@ -298,7 +300,8 @@ def run_class(jobs: list[SubmissionJob], workers: int, grade: Callable = grade_s
     one is started), so what it records survives an interruption.
     """
     context = multiprocessing.get_context("fork")
-    sandbox.warm_up()     # every child forked below starts its sandboxes from this one zygote
+    if not any(job.scheduler for job in jobs):   # judged here, not on a cluster's workers
+        sandbox.warm_up()     # every child forked below starts its sandboxes from this one zygote
     pending = list(reversed(jobs))
     running: dict[int, _Running] = {}
     outcomes: list[SubmissionOutcome] = []
@@ -452,7 +455,8 @@ class GradingRecord:
 
 def grade_assignment(course: Path, assignment: str, settings: dict, workers: int, cell_timeout: int,
                      students: list[str] | None = None, regrade: bool = False,
-                     submission_timeout: float | None = None, quiet: bool = False) -> list[SubmissionOutcome]:
+                     submission_timeout: float | None = None, quiet: bool = False,
+                     scheduler: str = "") -> list[SubmissionOutcome]:
     """Grade every (or the chosen) submission of one assignment; returns the outcomes of all of them."""
     db_url = sqlite_with_busy_timeout(settings["db_url"])
     with Gradebook(db_url) as gb:
@@ -474,8 +478,8 @@ def grade_assignment(course: Path, assignment: str, settings: dict, workers: int
         print(f"{assignment}: {len(chosen)} submissions, {len(todo)} to grade"
               + (f" ({skipped} already graded and unchanged; --regrade grades them again)" if skipped else "")
               + f", {min(workers, max(len(todo), 1))} at a time", flush=True)
-    jobs = [SubmissionJob(str(course), assignment, s, db_url, cell_timeout, str(reports / "logs" / f"{s}.log"))
-            for s in todo]
+    jobs = [SubmissionJob(str(course), assignment, s, db_url, cell_timeout, str(reports / "logs" / f"{s}.log"),
+                          scheduler) for s in todo]
     progress = None if quiet else Progress(len(jobs))
     try:
         run_class(jobs, workers, submission_timeout=submission_timeout, progress=progress,
@@ -493,12 +497,38 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def cluster_workers(address: str) -> int:
+    """The workers of the cluster that hold this course (others are refused, each with the reason); ends
+    the command when the scheduler does not answer or no worker holds this course."""
+    from autograder.grading.cluster import ClusterError, check_workers, connect
+
+    try:
+        client = connect(address)
+    except ClusterError as exc:
+        raise SystemExit(f"workbook-grade: {exc}") from None
+    try:
+        accepted, refused = check_workers(client)
+    finally:
+        client.close()   # the grading children connect on their own: a client does not survive a fork
+    for line in refused:
+        print(f"workbook-grade: refused worker {line}", file=sys.stderr)
+    if not accepted:
+        raise SystemExit(f"workbook-grade: no worker of {address} holds this course"
+                         + ("" if refused else ": start some with `python3 workbook.py worker " + address + "`"))
+    print(f"workbook-grade: {len(accepted)} workers of {address} grade", flush=True)
+    return len(accepted)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbook-grade", description=__doc__.split("\n\n")[0])
     parser.add_argument("assignments", nargs="*", help="assignment names or prefixes such as 01 (default: all submitted)")
     parser.add_argument("--course", default=".", help="the course folder (default: here)")
-    parser.add_argument("--jobs", "-j", type=int, default=default_workers(),
-                        help="submissions graded at once (default: one per core, here %(default)s)")
+    parser.add_argument("--jobs", "-j", type=int, default=None,
+                        help=f"submissions graded at once (default: one per core, here {default_workers()}; with "
+                             f"--scheduler, one per worker of the cluster)")
+    parser.add_argument("--scheduler", default="",
+                        help="judge on the workers of this Dask scheduler, tcp://HOST:PORT (workbook-worker); "
+                             "this machine still writes the gradebook")
     parser.add_argument("--students", nargs="+", help="grade only these students")
     parser.add_argument("--timeout", type=int, default=DEFAULT_CELL_TIMEOUT, help="seconds allowed per cell")
     parser.add_argument("--submission-timeout", type=float, default=None,
@@ -506,13 +536,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regrade", action="store_true", help="grade again submissions already graded")
     parser.add_argument("--no-summary", action="store_true", help="skip the per-trap class summary")
     args = parser.parse_args(argv)
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    workers = args.jobs or (cluster_workers(args.scheduler) if args.scheduler else default_workers())
 
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         print("workbook-grade: running as root. Grade as an unprivileged user that owns the course folder: "
               "the sandbox confines each submission, but a machine without user namespaces or Landlock leaves "
-              "it the grading user's rights, and root's are everyone's (see docs in README, Trusted grading).",
+              "it the grading user's rights, and root's are everyone's (see docs/grading.md).",
               file=sys.stderr)
     course = Path(args.course).resolve()
     if not (course / "nbgrader_config.py").exists():
@@ -525,8 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for assignment in find_assignments(course, args.assignments):
         try:
-            outcomes = grade_assignment(course, assignment, settings, args.jobs, args.timeout, args.students,
-                                        args.regrade, args.submission_timeout)
+            outcomes = grade_assignment(course, assignment, settings, workers, args.timeout, args.students,
+                                        args.regrade, args.submission_timeout, scheduler=args.scheduler)
         except Interrupted:
             print("\nworkbook-grade: interrupted; the gradebook is consistent. Run the same command again "
                   "to grade what is left.", file=sys.stderr)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import ctypes
 import dataclasses
 import io
 import resource
@@ -62,10 +63,12 @@ class Judgement:
 
     @property
     def stopped(self) -> list[str]:
-        """What the sandbox had to stop (hangs, exits, crashes), for the instructor's report."""
+        """What the sandbox had to stop (hangs, exits, crashes), or why the submission could not be judged at
+        all, for the instructor's report."""
         cells = [f"cell {i + 1}: {e['evalue']}" for i, e in self.cell_errors.items() if e["ename"] == "SubmissionStopped"]
-        checks = [v.error["evalue"] for v in self.verdicts if v.error and v.error["evalue"].startswith("checking `")]
-        return cells + checks
+        checks = [v.error["evalue"] for v in self.verdicts
+                  if v.error and (v.error["evalue"].startswith("checking `") or v.error["ename"] == NOT_GRADABLE)]
+        return cells + list(dict.fromkeys(checks))
 
 
 def judged_outside(source: str) -> bool:
@@ -104,7 +107,7 @@ def _tampering(changed: list[str]) -> str:
             f"Python, the libraries or the grader.")
 
 
-def _error(ename: str, evalue: str) -> dict:
+def error_output(ename: str, evalue: str) -> dict:
     return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
 
 
@@ -182,7 +185,7 @@ class Judge:
             return self._skip(index, _tampering(answer["tampered"]))
         if "raised" in answer:                     # the learner's own error, shown in feedback
             raised = answer["raised"]
-            self.cell_errors[index] = _error(raised["type"], raised["message"])
+            self.cell_errors[index] = error_output(raised["type"], raised["message"])
             if is_answer_cell(self.nb.cells[index]):
                 grade_id = nbgrader_meta(self.nb.cells[index]).get("grade_id", "")
                 self.failed_answers[grade_id] = f"{raised['type']}: {raised['message']}"
@@ -190,7 +193,7 @@ class Judge:
 
     def _skip(self, index: int, why: str) -> None:
         """Leave this cell out from now on: restart the sandbox and replay the cells before it."""
-        self.cell_errors[index] = _error("SubmissionStopped", f"this cell was stopped: {why}")
+        self.cell_errors[index] = error_output("SubmissionStopped", f"this cell was stopped: {why}")
         if is_answer_cell(self.nb.cells[index]):
             self.stopped[nbgrader_meta(self.nb.cells[index]).get("grade_id", "")] = why
         self._stop()
@@ -211,26 +214,26 @@ class Judge:
                 answer = sandbox.raw_request("check", cell.source, f"<test {grade_id}>")
                 stdout = answer.get("stdout", "")
                 if "raised" in answer:
-                    error = _error(answer["raised"]["type"], answer["raised"]["message"])
+                    error = error_output(answer["raised"]["type"], answer["raised"]["message"])
             if sandbox.tampered:     # during any call, probe or the check itself
                 # Zero for this test, and a clean sandbox for the next: what it patched is gone with it.
-                error = _error("SubmissionStopped", f"checking `{exercise}` was stopped: "
+                error = error_output("SubmissionStopped", f"checking `{exercise}` was stopped: "
                                                     f"{_tampering(sandbox.tampered)}")
                 self._stop()
         except SandboxDied as stopped:
-            error = _error("SubmissionStopped", f"checking `{exercise}` was stopped: {stopped}")
+            error = error_output("SubmissionStopped", f"checking `{exercise}` was stopped: {stopped}")
             self._stop()
         finally:
             if self.sandbox is not None:
                 self.sandbox.deadline = None
         if error and exercise in self.stopped:
-            error = _error("SubmissionStopped", f"the answer cell for `{exercise}` was stopped: {self.stopped[exercise]}")
+            error = error_output("SubmissionStopped", f"the answer cell for `{exercise}` was stopped: {self.stopped[exercise]}")
         elif error and error["ename"] == "NameError" and exercise in self.failed_answers:
-            error = _error(error["ename"], f"`{exercise}` is not defined because its answer cell raised "
+            error = error_output(error["ename"], f"`{exercise}` is not defined because its answer cell raised "
                                            f"{self.failed_answers[exercise]}")
         message = failure_message({"outputs": [error]}, exercise, self.answer_names) if error else ""
         if error and error["ename"] in ("NameError", "NotImplementedError"):
-            error = _error(error["ename"], message)    # the explanation, not Python's bare words
+            error = error_output(error["ename"], message)    # the explanation, not Python's bare words
         return Verdict(grade_id, error is None, message, stdout, error, outside)
 
     def _test_outside(self, source: str, sandbox: Sandbox, grade_id: str) -> tuple[str, dict | None]:
@@ -250,7 +253,7 @@ class Judge:
             raise SandboxDied(f"what it returned would not fit in the grader's memory (over "
                               f"{GRADER_MEMORY_BYTES >> 30} GiB)") from None
         except Exception as exc:
-            return out.getvalue(), _error(type(exc).__name__, str(exc))
+            return out.getvalue(), error_output(type(exc).__name__, str(exc))
         return out.getvalue(), None
 
 
@@ -281,17 +284,28 @@ def bounded_memory():
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+NOT_GRADABLE = "NotGradable"     # the error of every test cell of a submission that could not be judged at all
+
+
+class _CheckTookTooLong(SandboxDied):
+    def __init__(self, message: str = "checking it took the grader too long: what it returned is far too large "
+                                      "to check"):
+        super().__init__(message)
+
+
 @contextlib.contextmanager
 def _time_limit(seconds: float):
     """A check's own work in the grading process is bounded too (a length, a range it loops over...):
-    past ``seconds``, SIGALRM ends the test as a stopped one. Only where signals can be used."""
+    past ``seconds`` the test ends as a stopped one. In the main thread SIGALRM stops it; in another (a Dask
+    worker judges in one) a timer raises the same exception in the judging thread."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        with _time_limit_in_a_thread(seconds):
+            yield
         return
 
     def stop(signum, frame):
-        raise SandboxDied(f"checking it took the grader over {seconds:g} s: what it returned is far too large "
-                          f"to check")
+        raise _CheckTookTooLong(f"checking it took the grader over {seconds:g} s: what it returned is far too "
+                                f"large to check")
 
     previous = signal.signal(signal.SIGALRM, stop)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -300,6 +314,32 @@ def _time_limit(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def _time_limit_in_a_thread(seconds: float):
+    """``_time_limit`` off the main thread: the exception is raised asynchronously in this thread (it lands
+    at the next Python instruction), and one still pending when the block ends is withdrawn."""
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    target, lock, state = ctypes.c_ulong(threading.get_ident()), threading.Lock(), {"active": True, "fired": False}
+
+    def stop():
+        with lock:
+            if state["active"]:
+                state["fired"] = True
+                set_async_exc(target, ctypes.py_object(_CheckTookTooLong))
+
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["active"] = False
+            if state["fired"]:
+                set_async_exc(target, None)
 
 
 def judge_notebook(nb, cell_seconds: float = DEFAULT_CELL_TIMEOUT, limits: Limits = Limits()) -> Judgement:

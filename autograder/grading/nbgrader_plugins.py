@@ -19,7 +19,7 @@ import nbformat
 from nbconvert.preprocessors import Preprocessor
 from nbgrader.api import Gradebook
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Bool, Float
+from traitlets import Bool, Float, Unicode
 
 from autograder.contract import DEFAULT_CELL_TIMEOUT, HIDDEN_BEGIN, HIDDEN_END, is_test_cell, nbgrader_meta
 from autograder.grading.judge import apply_judgement, judge_notebook
@@ -29,6 +29,8 @@ HIDDEN_NOTE = "# (hidden tests with other seeds and sizes ran here)"
 
 class JudgeInSandbox(NbGraderPreprocessor):
     timeout = Float(DEFAULT_CELL_TIMEOUT, help="Seconds a cell of the submission may run.").tag(config=True)
+    scheduler = Unicode("", help="A Dask scheduler's address (tcp://HOST:PORT): judge on its workers of this "
+                                 "course instead of here (autograder/grading/cluster.py).").tag(config=True)
     stopped: list[str] = []   # what the last notebook's sandbox had to stop; read by workbook-grade's child
 
     def preprocess(self, nb, resources):
@@ -36,7 +38,12 @@ class JudgeInSandbox(NbGraderPreprocessor):
         if restored:
             self.log.warning("Test cells missing from the submission, put back from the gradebook: %s",
                              ", ".join(restored))
-        judgement = judge_notebook(nb, cell_seconds=self.timeout)
+        if self.scheduler:
+            from autograder.grading.cluster import judge_remotely   # Dask only where a cluster grades
+            name = f"{resources.get('nbgrader', {}).get('student', '')}-{resources.get('unique_key', '')}"
+            judgement = judge_remotely(self.scheduler, nb, self.timeout, name)
+        else:
+            judgement = judge_notebook(nb, cell_seconds=self.timeout)
         apply_judgement(nb, judgement)
         JudgeInSandbox.stopped = judgement.stopped
         failed = [v.grade_id for v in judgement.verdicts if not v.passed]

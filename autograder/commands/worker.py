@@ -1,0 +1,66 @@
+"""``workbook-worker SCHEDULER``: grade this course's submissions for a Dask cluster.
+
+    workbook-worker tcp://10.0.0.5:8786                  # one grading process per core
+    workbook-worker tcp://10.0.0.5:8786 --nworkers 4     # or as many as you say
+    workbook-worker tcp://10.0.0.5:8786 --host 10.0.0.7  # further options go to `dask worker`
+
+Runs Dask's own ``dask worker`` with one thread per process (the judge bounds its memory per
+process), offering the Dask resource named after this course's fingerprint
+(``autograder.grading.cluster``): only a coordinator with the same course sends it submissions.
+Each worker process starts the sandbox zygote at once (``dask_setup``), so the first submission
+does not wait for torch to import. With a scheduler on this machine's loopback the worker listens
+on loopback too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from autograder.commands.grade import default_workers
+from autograder.contract import with_tools_on_path
+
+LOOPBACK = ("tcp://127.", "tcp://localhost", "tcp://[::1]")
+
+
+def dask_worker_command(scheduler: str, nworkers: int, extra: list[str]) -> list[str]:
+    from autograder.grading.cluster import course_resource
+
+    command = [str(Path(sys.executable).parent / "dask"), "worker", scheduler, "--nthreads", "1",
+               "--nworkers", str(nworkers), "--resources", f"{course_resource()}=1",
+               "--preload", "autograder.commands.worker", "--no-dashboard"]
+    if scheduler.startswith(LOOPBACK) and not any(a.startswith(("--host", "--listen-address")) for a in extra):
+        command += ["--host", "127.0.0.1"]
+    return command + extra
+
+
+def dask_setup(worker) -> None:
+    """Dask's preload hook, in each worker process: the course it holds is the one it starts with (the
+    fingerprint is remembered now, as the resource it offers was made from it), and the sandbox zygote
+    starts now, not at the first submission."""
+    from autograder.grading import cluster, sandbox
+
+    offered = cluster.course_resource()
+    if offered not in worker.state.total_resources:
+        raise RuntimeError(f"the course changed while this worker started (it now holds {offered}): start it again")
+    sandbox.warm_up()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workbook-worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("scheduler", help="the Dask scheduler's address, tcp://HOST:PORT")
+    parser.add_argument("--nworkers", type=int, default=default_workers(),
+                        help="grading processes on this machine (default: one per core, here %(default)s)")
+    args, extra = parser.parse_known_args(argv)
+    command = dask_worker_command(args.scheduler, args.nworkers, extra)
+    try:
+        return subprocess.call(command, env=with_tools_on_path(dict(os.environ, OMP_NUM_THREADS="1")))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Grading on a Dask cluster: a real ``dask scheduler`` and workers (``workbook.py worker``) on 127.0.0.1.
+
+The toy class of test_class_grading is graded through ``workbook.py grade --scheduler`` while the test
+SIGKILLs workers: the one judging a chosen student once (that submission must be graded again elsewhere
+and recorded once), and every one that judges a "poison" submission (it must be given up, with the
+reason, and the batch go on). A third worker holds a course with one check module changed: it is refused,
+saying so, and never judges anything. Everything started is stopped at the end.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder.course import REPO_ROOT
+from autograder.grading.cluster import course_resource
+from test_class_grading import (CELL_TIMEOUT, NAME, NBGRADER_CAN_GRADE, blank_course, by_nbgrader,  # noqa: F401
+                                copy_course, gradebook_rows)
+
+PYTHON = sys.executable
+DASK = str(Path(sys.executable).parent / "dask")
+KILLED_ONCE = "correct"        # its worker is killed in the middle of judging it, once
+POISON = "poison"              # every worker that judges it is killed
+POISON_DEATHS = 4              # two rounds of Dask's retries with allowed-failures = 1 (cluster.judge_remotely)
+OTHER_COURSE_CHANGE = ("autograder/start_here.py", "\n# another version of the course\n")
+
+
+def _start(command, log: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+def _other_course(folder: Path) -> Path:
+    """This course with one check module changed: what a machine with a stale copy holds."""
+    for part in ("autograder", "solutions"):
+        shutil.copytree(REPO_ROOT / part, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
+    changed = folder / OTHER_COURSE_CHANGE[0]
+    changed.write_text(changed.read_text() + OTHER_COURSE_CHANGE[1])
+    return folder
+
+
+class WorkerKiller(threading.Thread):
+    """Watches what the workers are judging and SIGKILLs a worker while it judges a victim (the nanny
+    starts another), as a submission that crashes its worker would."""
+
+    def __init__(self, address: str, victims: dict[str, int]):
+        super().__init__(daemon=True)
+        from distributed import Client
+        self.client = Client(address, timeout=10, set_as_default=False)
+        self.victims, self.killed, self.seen = dict(victims), [], set()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                # What each worker is running now (not what is queued on it): a lambda travels by value.
+                running = self.client.run(lambda dask_worker: [str(ts.key) for ts in dask_worker.state.executing],
+                                          on_error="ignore")
+                for worker, keys in running.items():
+                    for key in keys:
+                        self.seen.add(worker)
+                        victim = next((s for s, left in self.victims.items() if left and key.startswith(f"judge-{s}-")), None)
+                        if victim:
+                            pid = self.client.run(os.getpid, workers=[worker])[worker]
+                            os.kill(pid, signal.SIGKILL)
+                            self.victims[victim] -= 1
+                            self.killed.append((victim, worker))
+            except Exception:      # a worker that just died: look again
+                pass
+            self.done.wait(0.05)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+        self.client.close()
+
+
+@pytest.fixture(scope="module")
+def cluster_graded(blank_course, tmp_path_factory):  # noqa: F811
+    folder = tmp_path_factory.mktemp("cluster")
+    # A task whose worker died twice is given up (Dask's default allows 3 deaths: the test waits less).
+    env = dict(os.environ, DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES="1")
+    scheduler = _start([DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                        "--scheduler-file", str(folder / "scheduler.json")], folder / "scheduler.log", env=env)
+    started = [scheduler]
+    try:
+        for _ in range(300):
+            if (folder / "scheduler.json").exists() and (folder / "scheduler.json").stat().st_size:
+                break
+            time.sleep(0.1)
+        address = json.loads((folder / "scheduler.json").read_text())["address"]
+        started.append(_start([PYTHON, str(REPO_ROOT / "workbook.py"), "worker", address, "--nworkers", "2"],
+                              folder / "workers.log"))
+        other = _other_course(folder / "other")
+        started.append(_start([PYTHON, "-m", "autograder.commands.worker", address, "--nworkers", "1"],
+                              folder / "other_worker.log", cwd=other, env=dict(os.environ, PYTHONPATH=str(other))))
+        from distributed import Client
+        with Client(address, timeout=10, set_as_default=False) as client:
+            client.wait_for_workers(3, timeout=120)
+            other_worker = next(a for a, w in client.scheduler_info()["workers"].items()
+                                if course_resource() not in w["resources"])
+        course = copy_course(blank_course, folder, NBGRADER_CAN_GRADE)
+        shutil.copytree(course / "submitted" / "correct", course / "submitted" / POISON)
+        killer = WorkerKiller(address, {KILLED_ONCE: 1, POISON: POISON_DEATHS})
+        killer.start()
+        try:
+            run = subprocess.run([PYTHON, str(REPO_ROOT / "workbook.py"), "grade", NAME, "--course", str(course),
+                                  "--scheduler", address, "--timeout", str(CELL_TIMEOUT)],
+                                 capture_output=True, text=True, timeout=600)
+        finally:
+            killer.stop()
+        yield course, run, killer, other_worker
+    finally:
+        for process in reversed(started):
+            _stop(process)
+
+
+def test_the_cluster_grades_the_class_as_nbgrader_autograde_does(cluster_graded, by_nbgrader):  # noqa: F811
+    course, run, killer, _ = cluster_graded
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert gradebook_rows(course, NBGRADER_CAN_GRADE) == gradebook_rows(by_nbgrader, NBGRADER_CAN_GRADE)
+
+
+def test_a_submission_whose_worker_was_killed_is_graded_again_and_recorded_once(cluster_graded):
+    course, run, killer, _ = cluster_graded
+    assert [victim for victim, _ in killer.killed].count(KILLED_ONCE) == 1
+    record = json.loads((course / "class_reports" / NAME / "grading.json").read_text())["students"]
+    assert record[KILLED_ONCE]["status"] == "graded" and record[KILLED_ONCE]["error"] is None
+    assert len(list((course / "autograded" / KILLED_ONCE / NAME).glob("*.ipynb"))) == 1
+
+
+def test_a_submission_that_kills_every_worker_is_given_up_with_the_reason(cluster_graded):
+    course, run, killer, _ = cluster_graded
+    assert [victim for victim, _ in killer.killed].count(POISON) == POISON_DEATHS
+    record = json.loads((course / "class_reports" / NAME / "grading.json").read_text())["students"]
+    assert "not gradable" in record[POISON]["error"]
+    rows = gradebook_rows(course, [POISON])
+    assert rows[POISON, "total"] == 0
+
+
+def test_a_worker_of_another_course_is_refused_and_judges_nothing(cluster_graded):
+    course, run, killer, other_worker = cluster_graded
+    assert f"refused worker {other_worker}: another course: check modules and grader" in run.stderr
+    assert other_worker not in killer.seen
+
+
+def test_an_unreachable_scheduler_gets_a_message_not_a_traceback(blank_course, tmp_path):  # noqa: F811
+    run = subprocess.run([PYTHON, str(REPO_ROOT / "workbook.py"), "grade", NAME, "--course", str(blank_course),
+                          "--scheduler", "tcp://127.0.0.1:9"], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "no Dask scheduler answers at tcp://127.0.0.1:9" in run.stderr and "Traceback" not in run.stderr
