@@ -4,13 +4,20 @@ A resume is correct for the data when the model and the input pipeline restart
 from the same point: the last optimizer commit. The checks drive the learner's
 ``samples_per_update``, ``Ledger``, ``audit`` and ``window_digest`` through the
 worked example (8 ranks, microbatch 2, 4 accumulation steps, a crash during the
-third microbatch after update 1,250) and through random scenarios, comparing
-against a per-position reference that is only affordable at small sizes.
+third microbatch after update 1,250), through loaders that read an update and more
+ahead of the loop, and through random scenarios, comparing against a per-position
+reference that is only affordable at small sizes.
+
+"Fetched" means taken from the run's data order by the loader: handed to the loop or
+read ahead into its prefetch queue. ``window_digest`` is also computed in new Python
+interpreters (started with different PYTHONHASHSEED values), where the learner's
+function lives: a digest built on the salted ``hash()`` of a str differs there.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import random
 import time
 # Bound once, here: the probe that measures the audit's memory uses these even if submitted code replaces
@@ -94,12 +101,13 @@ def _counter(ledger, name: str) -> int:
 def _train(ledger, config, updates: int, prefetch: int = 0, partial: int = 0) -> None:
     """Drive a ledger as a data-parallel loop would: per microbatch every rank fetches its
     micro_batch positions; every accum_steps microbatches end in an optimizer commit.
-    ``prefetch`` microbatches are fetched ahead, as a DataLoader does; ``partial`` microbatches
-    of the next update are fetched before a crash."""
+    ``prefetch`` microbatches are fetched ahead (one fetch each), as a DataLoader's workers read ahead
+    of the loop, and the loader stays that far ahead; ``partial`` microbatches of the next update are
+    fetched before a crash."""
     world_size, micro_batch, accum_steps = config
     per_microbatch = world_size * micro_batch
-    if prefetch:
-        ledger.fetch(prefetch * per_microbatch)
+    for _ in range(prefetch):
+        ledger.fetch(per_microbatch)
     for _ in range(updates):
         for _ in range(accum_steps):
             ledger.fetch(per_microbatch)
@@ -108,7 +116,7 @@ def _train(ledger, config, updates: int, prefetch: int = 0, partial: int = 0) ->
         ledger.fetch(per_microbatch)
 
 
-@graded_check("only optimizer commits move the committed cursor; fetched counts every position handed out")
+@graded_check("only optimizer commits move the committed cursor; fetched counts every position the loader took")
 def check_ledger_counts(Ledger, config=WORKED_EXAMPLE, updates: int = 30) -> None:
     ledger = _new_ledger(Ledger, config)
     per_update = _per_update(*config)
@@ -124,33 +132,72 @@ def check_ledger_counts(Ledger, config=WORKED_EXAMPLE, updates: int = 30) -> Non
     want_committed = updates * per_update
     expect(fetched == want_fetched,
            f"After {updates} updates with a loader two microbatches ahead and {partial} microbatches of the "
-           f"next update, {want_fetched} positions were handed out, but ledger.fetched is {fetched}. "
-           f"fetch(n) hands n more positions to the loop, whether or not they are ever trained.")
+           f"next update, the loader took {want_fetched} positions, but ledger.fetched is {fetched}. "
+           f"fetch(n) records n more positions the loader took (read ahead or handed to the loop), whether "
+           f"or not they are ever trained.")
     if committed != want_committed:
         extra = committed - want_committed
-        hint = (f" That is {extra} positions too many: {extra // per_microbatch} microbatches were fetched but "
-                f"never reached an optimizer step. " if extra > 0 and extra % per_microbatch == 0 else " ")
+        if extra > 0 and extra % per_microbatch == 0:
+            hint = (f" That is {extra} positions too many: {extra // per_microbatch} microbatches were fetched but "
+                    f"never reached an optimizer step. ")
+        elif committed > 0 and committed * config[2] == want_committed:
+            hint = (f" Each commit counted {per_microbatch} positions, one microbatch of every rank; an update is "
+                    f"{config[2]} microbatches (the accumulation steps). ")
+        else:
+            hint = " "
         raise AssertionError(
             f"After {updates} optimizer updates of {per_update} samples, ledger.committed is {committed}, "
             f"expected {want_committed}.{hint}Only commit() means gradients reached the weights, and each "
             f"commit covers exactly one update's worth of positions, however far the loader has read ahead.")
 
 
+def _resume_scenarios(config, updates: int, partial: int) -> list[tuple[int, int, int]]:
+    """(updates, prefetch, partial) of each crash the resume check replays: the worked example (a loader
+    that does not read ahead), then loaders an update and more ahead of the loop, crashing mid-update and
+    right after a commit. Deep prefetch puts the fetched count a whole update or more past the commit; the
+    first of them leaves it off a whole update, so that rounding it down is told apart from taking it."""
+    accum_steps = config[2]
+    deep = max(1, min(updates, 25))
+    return [(updates, 0, partial), (deep, accum_steps, 1), (deep, accum_steps, 0),
+            (deep, 2 * accum_steps + 1, max(1, accum_steps - 1))]
+
+
 @graded_check("the resume position is the last commit, not the fetched count (the 80,000-sample example)")
 def check_ledger_resume(Ledger, config=WORKED_EXAMPLE, updates: int = WORKED_UPDATES,
                         partial: int = CRASH_MICROBATCHES) -> None:
-    ledger = _new_ledger(Ledger, config)
-    _train(ledger, config, updates, partial=partial)
-    want = updates * _per_update(*config)
-    fetched = updates * _per_update(*config) + partial * config[0] * config[1]
-    got = _counter(ledger, "resume_position")
-    expect(got == want,
-           f"The run crashed {partial} microbatches into update {updates + 1} with {fetched:,} positions "
-           f"fetched; the durable checkpoint holds update {updates} = {want:,} committed positions, but "
-           f"resume_position is {got:,}. "
-           + (f"Resuming at {got:,} skips {got - want:,} positions whose gradients never reached the weights. "
-              if got > want else "")
-           + "Where do the model's weights say training stopped?")
+    per_update, per_microbatch = _per_update(*config), config[0] * config[1]
+    for done, prefetch, in_flight in _resume_scenarios(config, updates, partial):
+        ledger = _new_ledger(Ledger, config)
+        _train(ledger, config, done, prefetch=prefetch, partial=in_flight)
+        want = done * per_update
+        fetched = want + (prefetch + in_flight) * per_microbatch
+        got = _counter(ledger, "resume_position")
+        if got == want:
+            continue
+        ahead = (f"a loader {prefetch} microbatches ahead of the loop ({prefetch * per_microbatch:,} positions; "
+                 f"an update is {per_update:,})" if prefetch else "a loader that does not read ahead")
+        crash = (f"{in_flight} microbatch{'es' if in_flight > 1 else ''} into update {done + 1}" if in_flight
+                 else f"right after the commit of update {done}")
+        rounded = fetched // per_update * per_update
+        if _counter(ledger, "committed") == got:
+            cause = (f"resume_position is ledger.committed, and that count is already wrong ({got:,}): only commit() "
+                     f"may move it, by exactly one update's worth of positions per optimizer step "
+                     f"(test_Ledger_counts shows what it counted). ")
+        elif got > want:
+            derived = ("the fetched count, here also a whole number of updates" if got == fetched == rounded
+                       else "the fetched count" if got == fetched
+                       else "the fetched count rounded down to a whole update" if got == rounded else f"{got:,}")
+            cause = (f"resume_position is {derived}. Anything derived from the fetched count, even rounded down "
+                     f"to a whole update, runs ahead of the weights by what the loader read ahead. ")
+        else:
+            cause = f"resume_position is {got:,}. "
+        effect = (f"Resuming at {got:,} skips {got - want:,} positions whose gradients never reached the weights."
+                  if got > want else
+                  f"Resuming at {got:,} replays {want - got:,} positions the weights already contain.")
+        raise AssertionError(
+            f"With {ahead}, the run crashed {crash}: {fetched:,} positions fetched, and the durable checkpoint "
+            f"holds update {done} = {want:,} committed positions. {cause}{effect} "
+            "Where do the model's weights say training stopped?")
 
 
 def probe_state_saved_later(ledger, config, more: int) -> dict:
@@ -195,7 +242,8 @@ def check_ledger_state_dict(Ledger, config=WORKED_EXAMPLE, updates: int = 5,
     # loading only (whether that count is right is check_ledger_counts' business).
     per_update = _per_update(*config)
     ledger = _new_ledger(Ledger, config)
-    _train(ledger, config, updates, partial=partial)
+    prefetch = config[2] + 1          # the loader reads more than an update ahead of the loop
+    _train(ledger, config, updates, prefetch=prefetch, partial=partial)
     committed = _counter(ledger, "committed")
     # Training goes on while the checkpoint is written: the saved state must not move with it.
     seen = observe(probe_state_saved_later, ledger, config, more=2)
@@ -229,14 +277,18 @@ def check_ledger_state_dict(Ledger, config=WORKED_EXAMPLE, updates: int = 5,
             + ("state_dict() must only read the ledger." if seen["tampering"] else
                "Only commit() moves the committed count, by one update's worth of positions."))
     expect(got["committed"] == committed and got["resume_position"] == committed,
-           f"A ledger saved with committed = {committed:,} (and {partial} uncommitted microbatches fetched) "
+           f"A ledger saved with committed = {committed:,} (and {prefetch + partial} uncommitted microbatches "
+           f"fetched, {prefetch} of them read ahead by the loader) "
            f"comes back with committed = {got['committed']:,} and resume_position = "
            f"{got['resume_position']:,}; both should be {committed:,}.")
     expect(got["fetched"] == committed,
            f"After load_state_dict the ledger says {got['fetched']:,} positions were fetched, so the next "
            f"fetch continues there; but the new process's loader restarts at the resume position "
-           f"{committed:,}. Resuming the fetch cursor beyond it omits the {got['fetched'] - committed:,} "
-           f"positions that were fetched before the crash but never committed.")
+           f"{committed:,}. "
+           + (f"Resuming the fetch cursor beyond it omits the {got['fetched'] - committed:,} positions that were "
+              f"fetched before the crash but never committed." if got["fetched"] > committed else
+              f"A fetch cursor behind it would hand out again the {committed - got['fetched']:,} positions "
+              f"from {got['fetched']:,} on, which the weights already contain."))
     for _ in range(config[2]):
         resumed.fetch(config[0] * config[1])
     resumed.commit()
@@ -431,6 +483,110 @@ def _digest(window_digest, ids) -> str:
     return value
 
 
+# A new interpreter that rebuilds the learner's function from its compiled code (portable._Unpacker, whose
+# source is sent along, so that the new process need not import torch) and digests the windows. Its own
+# output goes nowhere; the result comes back pickled on the original stdout.
+_NEW_INTERPRETER = """
+import os, pickle, sys
+result_out = os.fdopen(os.dup(1), "wb")
+nowhere = os.open(os.devnull, os.O_WRONLY)
+os.dup2(nowhere, 1)
+os.dup2(nowhere, 2)
+sys.stdout = sys.stderr = open(os.devnull, "w")
+paths, unpacker_source, shipped, windows = pickle.load(sys.stdin.buffer)
+sys.path[:0] = [p for p in paths if p not in sys.path]
+try:
+    if shipped[0] == "function":
+        import builtins, marshal, types
+        namespace = {"builtins": builtins, "marshal": marshal, "pickle": pickle, "types": types}
+        exec(unpacker_source, namespace)
+        digest = namespace["_Unpacker"](shipped[1]).function(shipped[2])[0]
+    else:
+        digest = pickle.loads(shipped[1])
+    result = {"digests": [(lambda d: d if isinstance(d, str) else ("not a str", type(d).__name__))(digest(list(w)))
+                          for w in windows]}
+except BaseException as exc:
+    result = {"error": f"{type(exc).__name__}: {exc}".strip()}
+result_out.write(pickle.dumps(result))
+result_out.close()
+"""
+
+HASH_SEEDS = (1, 2)   # PYTHONHASHSEED of the two new interpreters: str and bytes hash differently in each
+
+
+def probe_digests_in_new_interpreters(window_digest, windows: list, timeout: float = 60.0) -> dict:
+    """``window_digest`` of each window, computed in new Python interpreters started with PYTHONHASHSEED
+    1 and 2: {"digests": {hash seed: [digest or ("not a str", type name), ...]}} or {"error": ...}.
+
+    Runs where the learner's function lives (the sandbox, in graded mode): a fork would keep that
+    process's hash salt, so these are new interpreters (fork and exec) with a salt of their own. A
+    function travels by value, as ``portable`` sends a notebook-defined function to a spawned worker;
+    another callable (a functools.partial, say) travels pickled."""
+    import inspect
+    import pickle
+    import subprocess
+    import sys
+    import types
+
+    from .portable import _Packer, _Unpacker
+    try:
+        if isinstance(window_digest, types.FunctionType):
+            packer = _Packer(window_digest.__globals__)
+            packed = packer.function(window_digest)
+            shipped = ("function", packer.globals, packed)
+        else:
+            shipped = ("pickled", pickle.dumps(window_digest))
+        payload = pickle.dumps(([p for p in sys.path if p], inspect.getsource(_Unpacker), shipped,
+                                [list(map(int, w)) for w in windows]))
+    except Exception as exc:   # noqa: BLE001 (reported as data)
+        return {"error": f"it could not be sent there ({type(exc).__name__}: {exc})"}
+    started = {}
+    for hash_seed in HASH_SEEDS:
+        env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
+        started[hash_seed] = subprocess.Popen([sys.executable, "-c", _NEW_INTERPRETER], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    digests, error = {}, None
+    for hash_seed, process in started.items():
+        try:
+            out, _ = process.communicate(payload, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            error = error or f"it did not finish within {timeout:g} s"
+            continue
+        try:
+            seen = pickle.loads(out)
+        except Exception:   # noqa: BLE001 (the process died before it could answer)
+            error = error or f"the new interpreter ended with exit status {process.returncode} before answering"
+            continue
+        if "error" in seen:
+            error = error or seen["error"]
+        else:
+            digests[hash_seed] = seen["digests"]
+    return {"error": error} if error else {"digests": digests}
+
+
+def _expect_same_in_new_interpreters(window_digest, window, here: str) -> None:
+    seen = observe(probe_digests_in_new_interpreters, window_digest, [window])
+    if "error" in seen:
+        raise AssertionError(
+            f"window_digest could not be computed in a new Python process: {seen['error']}. A restart compares "
+            f"the digest with one an earlier process wrote, so it must come from the identifiers alone (the "
+            f"standard library's hashlib, or modules imported at the top of the cell).")
+    (first,), (second,) = (seen["digests"][seed] for seed in HASH_SEEDS)
+    for value in (first, second):
+        expect(isinstance(value, str), f"window_digest should return a str, not {value[1]}.")
+    expect(first == second,
+           f"The same window gave one digest in a new Python process started with PYTHONHASHSEED="
+           f"{HASH_SEEDS[0]} ({first[:16]}...) and another with PYTHONHASHSEED={HASH_SEEDS[1]} "
+           f"({second[:16]}...): Python salts hash() of str and bytes with a random key chosen at every start, "
+           f"so a digest built on hash() changes from process to process, and a restarted job never matches "
+           f"the digest the crashed one wrote. Use hashlib.")
+    expect(first == here,
+           f"The same window gave one digest in this process ({here[:16]}...) and another in new Python "
+           f"processes ({first[:16]}...): the digest depends on something besides the identifiers.")
+
+
 @graded_check("window_digest is deterministic and changes when the order changes")
 def check_window_digest_order(window_digest, seed: int = 0, size: int = 64) -> None:
     rng = random.Random(seed)
@@ -439,6 +595,7 @@ def check_window_digest_order(window_digest, seed: int = 0, size: int = 64) -> N
     expect(_digest(window_digest, list(window)) == first,
            "window_digest gave two different answers for the same window: a restart compares today's digest "
            "with one written before the crash, so it must depend only on the identifiers.")
+    _expect_same_in_new_interpreters(window_digest, window, first)
     swapped = list(window)
     swapped[0], swapped[1] = swapped[1], swapped[0]
     expect(_digest(window_digest, swapped) != first,
@@ -449,6 +606,22 @@ def check_window_digest_order(window_digest, seed: int = 0, size: int = 64) -> N
            "Rotating the window by one identifier left the digest unchanged: an off-by-one resume would pass.")
     other = [i + 1 for i in window]
     expect(_digest(window_digest, other) != first, "Two different windows gave the same digest.")
+    # Positions of a long run: one identifier one larger must change the digest.
+    large = [2**40 + 3 * size * i + rng.randrange(3 * size) for i in range(8)]
+    nudged = list(large)
+    nudged[3] += 1
+    expect(_digest(window_digest, nudged) != _digest(window_digest, large),
+           f"window_digest({large[:4]}, ...) equals the digest of the same window with {large[3]:,} replaced "
+           f"by {nudged[3]:,}: large identifiers lose their last digits on the way (a float32 holds integers "
+           f"exactly only up to 2**24, a float64 up to 2**53). Digest the integers themselves.")
+    # A long window: one identifier changed in the middle must change the digest.
+    long_window = [rng.randrange(10**9) for _ in range(5_000)]
+    changed = list(long_window)
+    changed[len(changed) // 2] += 1
+    expect(_digest(window_digest, changed) != _digest(window_digest, long_window),
+           f"Changing one identifier in the middle of a {len(long_window):,}-identifier window left the digest "
+           f"unchanged: the digest does not read every identifier. (Printing a tensor or a NumPy array of more "
+           f"than 1,000 numbers shows only its ends, with '...' in between.)")
 
 
 @graded_check("window_digest keeps identifiers apart: [1, 23] and [12, 3] differ")

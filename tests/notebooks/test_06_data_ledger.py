@@ -4,7 +4,11 @@ The arguments below are the ones the notebook's test cells use (visible, then hi
 so a wrong implementation is shown to fail for both.
 """
 
+import functools
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -82,8 +86,50 @@ def test_order_insensitive_digest_is_named():
 
 
 def test_padding_repeats_source_ids_but_not_positions():
-    """What the notebook shows: DistributedSampler pads by repeating indices, positions stay distinct."""
+    """What the notebook shows: DistributedSampler pads by repeating indices; the positions the ranks log as
+    they train cover the run once."""
     from torch.utils.data import DistributedSampler
-    order = [i for rank in range(4) for i in DistributedSampler(range(10), num_replicas=4, rank=rank, shuffle=False)]
-    assert len(order) == 12 and len(set(order)) == 10
-    assert impls.audit([range(0, 12)], [range(0, 12)]) == {"replayed": [], "omitted": []}
+    log = []
+    for epoch in range(2):
+        for rank in range(4):
+            sampler = DistributedSampler(range(10), num_replicas=4, rank=rank, shuffle=False)
+            sampler.set_epoch(epoch)
+            log += [((epoch * len(sampler) + step) * 4 + rank, index) for step, index in enumerate(sampler)]
+    indices = [index for _, index in log]
+    assert len(log) == 24 and indices.count(0) == 4 and indices.count(9) == 2   # padding: 0 and 1 twice an epoch
+    trained = [range(position, position + 1) for position, _ in log]
+    assert impls.audit([range(0, 24)], trained) == {"replayed": [], "omitted": []}
+    assert impls.audit([range(0, 24)], trained + trained[:1]) == {"replayed": [range(0, 1)], "omitted": []}
+
+
+def test_python_salts_str_hashes_per_process_but_not_int_tuples():
+    """What the notebook shows before Exercise 4, and why the digest check starts new interpreters."""
+    script = "print(hash('80000,80001'), hash((80000, 80001)))"
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.split() for seed in (1, 2)]
+    assert runs[0][0] != runs[1][0] and runs[0][1] == runs[1][1]
+
+
+def _as_notebook_cells(source):
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, "<notebook cell>", "exec"), namespace)
+    return namespace
+
+
+def test_a_window_digest_defined_in_notebook_cells_is_rebuilt_in_the_new_interpreters():
+    """The learner's function lives in __main__ and may call helpers of other cells: it travels by value."""
+    cells = _as_notebook_cells("import hashlib\n"
+                               "def as_text(ids):\n    return ';'.join(str(i) for i in ids)\n"
+                               "def window_digest(ids):\n    return hashlib.sha1(as_text(ids).encode()).hexdigest()\n"
+                               "def salted(ids):\n    return str(hash(as_text(ids)))\n")
+    assert failure_of(checks.check_window_digest_order, cells["window_digest"]) is None
+    assert "PYTHONHASHSEED=1" in failure_of(checks.check_window_digest_order, cells["salted"])
+    seen = checks.probe_digests_in_new_interpreters(functools.partial(impls.window_digest), [[1, 2, 3]])
+    assert seen == {"digests": {1: [impls.window_digest([1, 2, 3])], 2: [impls.window_digest([1, 2, 3])]}}
+
+
+def test_a_window_digest_that_cannot_run_in_a_new_interpreter_is_named():
+    cells = _as_notebook_cells("import threading\nLOCK = threading.Lock()\n"
+                               "def window_digest(ids):\n    with LOCK:\n        return ','.join(map(str, ids))\n")
+    assert "could not be computed in a new Python process" in failure_of(checks.check_window_digest_order,
+                                                                          cells["window_digest"])
