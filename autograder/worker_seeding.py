@@ -6,7 +6,11 @@ child inherits the parent's memory) or by pickling (``spawn``). PyTorch reseeds
 the *global* RNGs in each worker, never generator objects a Dataset holds. The
 checks run the learner's code in real worker processes (num_workers >= 2), read
 back which worker drew which values, and compare the streams across workers,
-across epochs and across two loaders built with the same seed.
+across epochs and across two loaders built with the same seed. Every item must
+carry a new draw (a generator made anew per item from one seed repeats it), and no
+dataset generator may repeat a global RNG's stream: seeded with ``torch.initial_seed()``
+itself, a ``torch.Generator`` draws what the worker's global torch RNG draws, so a
+transform using the global RNG repeats the dataset's noise (``tag_with_global_next``).
 
 Graded mode. The workers must be forked where the learner's ``seed_worker`` and
 ``LazyNoisyDataset`` live, so the loader runs in a probe (``probe_worker_streams``):
@@ -15,7 +19,8 @@ judges them in the grading process. In the learner's kernel the probes run right
 
 Start method. Workers are forked where the OS offers ``fork`` (Linux, macOS): it
 is fast, and a worker sees functions and classes defined in notebook cells. Under
-``spawn`` (Windows; or forced with WORKBOOK_WORKER_START=spawn) a worker is a new
+``spawn`` (Windows; or forced with WORKBOOK_WORKER_START=spawn) or ``forkserver`` (Linux's
+default from Python 3.14; the notebook's 3.2 runs it) a worker is a new
 interpreter that can only import objects from modules, so a function or class
 defined in a notebook cell cannot be loaded there. ``portable`` then ships such an
 object by value (its compiled code and the module-level names it uses) and the
