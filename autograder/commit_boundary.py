@@ -405,10 +405,10 @@ def check_resume_equivalent_comparison(resume_equivalent, seed: int = 0, accum_s
            f"(rtol=1e-05, atol=1e-08) unless told otherwise, and rounding or printing the weights hides the "
            f"last bits. At atol == 0 compare with torch.equal.")
     above = 2 * largest
-    # Asked only of an answer that accepts a correct resume at this atol: one that rejects even that one
+    # Held only against an answer that accepts a correct resume at this atol: one that rejects even that one
     # loses check_resume_equivalent_accepts_correct_resume, for its experiment, not for its tolerance.
-    accepts_correct = _verdict(resume_equivalent, "commit_boundary", seed, accum_steps, total, crash_at, atol=above)
-    expect(not accepts_correct or _verdict(*call, atol=above),
+    expect(_verdict(*call, atol=above) or not _verdict(resume_equivalent, "commit_boundary", seed, accum_steps,
+                                                        total, crash_at, atol=above),
            f"At atol={above:.2e}, {measured} is within the tolerance and must give True, but resume_equivalent "
            f"returned False. Does your check use atol, or does it always compare bitwise?")
     below = 0.9 * largest
