@@ -543,8 +543,14 @@ def probe_digests_in_new_interpreters(window_digest, windows: list, timeout: flo
     started = {}
     for hash_seed in HASH_SEEDS:
         env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
-        started[hash_seed] = subprocess.Popen([sys.executable, "-c", _NEW_INTERPRETER], stdin=subprocess.PIPE,
-                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        try:
+            started[hash_seed] = subprocess.Popen([sys.executable, "-c", _NEW_INTERPRETER], stdin=subprocess.PIPE,
+                                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        except OSError as exc:
+            for process in started.values():
+                process.kill()
+                process.communicate()
+            return {"error": f"no new Python process could be started here ({type(exc).__name__}: {exc})"}
     digests, error = {}, None
     for hash_seed, process in started.items():
         try:
