@@ -56,7 +56,7 @@ except ImportError:  # Windows
     fcntl = None
 
 from .checking import expect, graded_check, load_written, observe, silence_this_process
-from .distributed_sampler import changed_global_rngs, describe_rng_change, distinct_global_rngs, global_rng_states
+from .helpers import changed_global_rngs, describe_rng_change, distinct_global_rngs, global_rng_states
 from .grading.confine import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
 
 CHECKPOINT_SUFFIX = ".pt"
@@ -622,7 +622,7 @@ def probe_save(atomic_save, obj, path) -> list[dict]:
     """The file operations one call ``atomic_save(obj, path)`` made, each with what path held right after it
     (see recorded_file_operations), then a last event ``{"op": "final", ...}``: the (device, inode) path had
     before the call and has after it, its content digest before and after, its folder's (device, inode), and
-    the process's global RNG states before and after the call (see distributed_sampler.global_rng_states).
+    the process's global RNG states before and after the call (see helpers.global_rng_states).
     All read where the save ran (in graded mode the check reads copies of its files, with inodes of their own).
     """
     final = {"op": "final", "path_before": _inode_or_none(path), "content_before": content_digest(path)}

@@ -22,14 +22,10 @@ next crash), drawn without touching the global RNGs.
 
 from __future__ import annotations
 
-import contextlib
-import random
-
-import numpy as np
-import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from .checking import expect, graded_check, observe
+from .helpers import changed_global_rngs, describe_rng_change, probe_global_rngs
 
 
 # ---- the real sampler, seen globally ------------------------------------------------------
@@ -70,75 +66,6 @@ def remaining_positions(n: int, seed: int, epoch: int, old_world_size: int, comm
     order = sampler_order(n, seed, epoch, old_world_size, drop_last=drop_last)
     real_end = min(n, len(order))  # padding positions (>= n) belong to the old partition only
     return order[committed:real_end]
-
-
-# ---- the process's global RNGs: an answer must leave them as it found them ---------------------
-
-def global_rng_states() -> dict:
-    """The states of the process's global random number generators: Python's ``random``, NumPy's, torch's
-    (CPU), and the seed torch's was last seeded with."""
-    return {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "torch_seed": torch.initial_seed()}
-
-
-_OWN_SEED = 2 ** 40 + 20_231  # no seed + epoch of any check: a reseed always shows
-
-
-@contextlib.contextmanager
-def distinct_global_rngs():
-    """For the duration, every global RNG in a state of its own (so a reseed shows even when the process
-    happened to be seeded the same way); afterwards each is put back as it was."""
-    saved = global_rng_states()
-    random.seed(_OWN_SEED)
-    np.random.seed(_OWN_SEED % 2 ** 32)
-    torch.manual_seed(_OWN_SEED)
-    try:
-        yield
-    finally:
-        random.setstate(saved["random"])
-        np.random.set_state(saved["numpy"])
-        torch.set_rng_state(saved["torch"])
-
-
-def probe_global_rngs(function, *args, **kwargs) -> dict:
-    """``function(*args, **kwargs)`` where it lives, between two readings of that process's global RNG
-    states (see global_rng_states); the RNGs are put back afterwards."""
-    with distinct_global_rngs():
-        before = global_rng_states()
-        function(*args, **kwargs)
-        after = global_rng_states()
-    return {"before": before, "after": after}
-
-
-def changed_global_rngs(seen: dict) -> list[str]:
-    """Which global RNGs (``random``, ``numpy``, ``torch``) a probe_global_rngs call changed."""
-    before, after = seen["before"], seen["after"]
-    changed = []
-    if tuple(before["random"]) != tuple(after["random"]):
-        changed.append("random")
-    b, a = before["numpy"], after["numpy"]
-    if not (b[0] == a[0] and np.array_equal(b[1], a[1]) and tuple(b[2:]) == tuple(a[2:])):
-        changed.append("numpy")
-    if not torch.equal(before["torch"], after["torch"]):
-        changed.append("torch")
-    return changed
-
-
-_RNG_NAMES = {"random": "Python's random (random.seed, random.shuffle, ...)",
-              "numpy": "NumPy's global RNG (np.random.seed, np.random.permutation, ...)",
-              "torch": "torch's global RNG (torch.manual_seed, or a draw without generator=)"}
-
-
-def describe_rng_change(seen: dict, changed: list[str], reseed: int | None = None) -> str:
-    """What a probe_global_rngs call measured, in words: which global RNGs changed, and, where torch's was
-    seeded with ``reseed``, that it was reseeded (not just drawn from)."""
-    parts = []
-    for name in changed:
-        if name == "torch" and reseed is not None and seen["after"]["torch_seed"] == reseed:
-            parts.append(f"torch's global RNG, reseeded with torch.manual_seed({reseed})")
-        else:
-            parts.append(_RNG_NAMES[name])
-    return "; ".join(parts)
 
 
 # ---- reading the learner's answers --------------------------------------------------------

@@ -14,7 +14,8 @@ import copy
 import torch
 
 from .checking import expect, graded_check, observe
-from .helpers import regression_data, tiny_mlp, train_step
+from .helpers import (changed_global_rngs, describe_rng_change, distinct_global_rngs, global_rng_states,
+                      regression_data, tiny_mlp, train_step)
 
 
 def _trained_pair(seed: int, hidden: int, batchnorm: bool):
@@ -31,19 +32,16 @@ def probe_same_weights(same_weights, a, b) -> dict:
     """Runs where the learner's same_weights lives: its answer, and what the call changed there (the
     models' saved state, torch's global random number generator), as data."""
     before = [{k: v.clone() for k, v in model.state_dict().items()} for model in (a, b)]
-    with torch.random.fork_rng(devices=[]):
-        # A state of the probe's own, so that an answer seeding the RNG shows even when the state it seeds
-        # happens to be the one it found; the caller's state is put back afterwards.
-        torch.manual_seed(0x5EED5)
-        rng = torch.get_rng_state()
+    with distinct_global_rngs():     # a reseed shows even to the seed the process had; put back afterwards
+        rng = {"before": global_rng_states()}
         answer = same_weights(a, b)
-        rng_moved = not torch.equal(rng, torch.get_rng_state())
+        rng["after"] = global_rng_states()
     if torch.is_tensor(answer) and answer.numel() == 1:
         answer = bool(answer)
     changed = [f"{which}'s {key!r}" for which, model, old in (("model_a", a, before[0]), ("model_b", b, before[1]))
                for key, value in model.state_dict().items() if not torch.equal(value, old[key])]
     return {"answer": answer if isinstance(answer, bool) else None, "type": type(answer).__name__,
-            "shown": repr(answer)[:80], "changed": changed, "rng_moved": rng_moved}
+            "shown": repr(answer)[:80], "changed": changed, "rngs_changed": describe_rng_change(rng, changed_global_rngs(rng))}
 
 
 def _verdict(same_weights, a, b, what: str, side_effects: bool = False) -> bool:
@@ -55,10 +53,10 @@ def _verdict(same_weights, a, b, what: str, side_effects: bool = False) -> bool:
                f"same_weights changed the models it compared ({', '.join(seen['changed'][:3])} moved): running a "
                f"model in training mode updates BatchNorm's running statistics. Compare what the models hold "
                f"(their state_dict) without running them.")
-        expect(not seen["rng_moved"],
-               "same_weights moved torch's global random number generator (it drew random numbers, say an input "
-               "to run both models on): the training that follows would draw other batches and dropout masks. "
-               "Compare what the models hold, without drawing anything.")
+        expect(not seen["rngs_changed"],
+               f"same_weights changed the process's global random number generators ({seen['rngs_changed']}), as "
+               f"drawing an input to run both models on does: the training that follows would draw other batches "
+               f"and dropout masks. Compare what the models hold, without drawing anything.")
     return seen["answer"]
 
 
