@@ -156,7 +156,9 @@ class Remembered:
 
 
 def load_written(path):
-    """``torch.load(path, weights_only=True)`` of a file the learner's code wrote, bounded in memory.
+    """``torch.load(path, weights_only=True)`` of a file the learner's code wrote, bounded in memory, and
+    as a process that allowlisted nothing loads it (a learner's kernel may hold an allowlist; the process
+    that resumes after a crash, and the grader, hold none).
 
     torch.save writes a zip archive of *stored* records. torch.load also inflates compressed ones, so
     a few KiB could unpack into gigabytes in the grading process: such a file, or one whose records
@@ -174,7 +176,9 @@ def load_written(path):
         if packed or len(records) > 100_000 or sum(r.file_size for r in records) > size:
             raise RuntimeError(f"refused to load {os.path.basename(path)!r}: its zip records are compressed "
                                f"or claim more bytes than the file holds; torch.save never writes such a file")
-    return torch.load(path, weights_only=True)
+    from .helpers import nothing_allowlisted
+    with nothing_allowlisted():     # as the process that resumes after a crash: it allowlisted nothing
+        return torch.load(path, weights_only=True)
 
 
 def error_text(exc: BaseException) -> str:

@@ -215,26 +215,6 @@ def scramble_rngs(entropy: int | None = None) -> None:
     random.seed(entropy)
 
 
-@contextlib.contextmanager
-def nothing_allowlisted():
-    """torch.load as in a process that allowlisted nothing: the globals registered in this one with
-    ``torch.serialization.add_safe_globals`` are set aside meanwhile, and put back after (with any that
-    torch registered meanwhile).
-
-    An allowlist lives in the memory of the process that registered it, never in the file: the learner's
-    kernel may hold one (torch.load's own error message suggests it), the process that resumes after a
-    crash has none, nor has the grading process. So a check that loads a checkpoint gives the same verdict
-    in the kernel as under grading. (torch registers a few globals of its own, distributed and nested
-    tensor types, as their modules are imported: a checkpoint of tensors and plain data needs none.)
-    """
-    registered = torch.serialization.get_safe_globals()
-    torch.serialization.clear_safe_globals()
-    try:
-        yield
-    finally:
-        torch.serialization.add_safe_globals(registered)
-
-
 # ---- a fresh process -------------------------------------------------------------------------
 
 FORK_AVAILABLE = hasattr(os, "fork")  # not on Windows
@@ -520,10 +500,9 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 8) -> None:
         expect(os.path.isfile(path), f"save_checkpoint(path, trainer) wrote no file at `path` "
                                      f"(the folder holds {sorted(os.listdir(folder))}).")
         try:
-            # As the process that resumes after a crash loads it: nothing allowlisted (in graded mode, this
-            # process never ran the learner's code; in the kernel, its allowlist is set aside meanwhile).
-            with nothing_allowlisted():
-                load_written(path)
+            # As the process that resumes after a crash loads it: nothing allowlisted (load_written sets
+            # aside any allowlist the kernel holds).
+            load_written(path)
         except Exception as exc:
             reason = _refusal(exc)
             hint = ("NumPy's RNG state holds an ndarray, which it refuses: store such state as tensors or plain "

@@ -68,6 +68,7 @@ from autograder.contract import DEFAULT_CELL_TIMEOUT, read_notebook, with_tools_
 from autograder.course import matching
 from autograder.grading import sandbox
 from autograder.grading.nbgrader_plugins import JudgeInSandbox
+from autograder.grading.zygote import import_dynamo
 
 from .check import CellRunner
 
@@ -302,6 +303,9 @@ def run_class(jobs: list[SubmissionJob], workers: int, grade: Callable = grade_s
     context = multiprocessing.get_context("fork")
     if not any(job.scheduler for job in jobs):   # judged here, not on a cluster's workers
         sandbox.warm_up()     # every child forked below starts its sandboxes from this one zygote
+        # The judge trains reference models with torch.optim, whose first step imports torch._dynamo (1.3 s):
+        # once here, not in every child (it starts no thread, so forking stays safe).
+        import_dynamo()
     pending = list(reversed(jobs))
     running: dict[int, _Running] = {}
     outcomes: list[SubmissionOutcome] = []

@@ -156,7 +156,7 @@ def zygote(control_fd: int) -> None:
     while True:
         ready = watch.select(timeout=None if dynamo_imported else 0)
         if not ready:                             # only before the warm-up: no request is waiting
-            _import_dynamo()
+            import_dynamo()
             dynamo_imported = True
             continue
         for key, _ in ready:
@@ -182,13 +182,13 @@ def zygote(control_fd: int) -> None:
                 reply.close()
 
 
-def _import_dynamo() -> None:
-    """Import torch._dynamo here, once, for every sandbox forked afterwards.
+def import_dynamo() -> None:
+    """Import torch._dynamo in this process, once, for every process forked from it afterwards.
 
     torch.optim imports it on an optimizer's first step (1.3 s: sympy and the compiler's tables), so
-    each notebook that trains would pay it again. Imported while the zygote idles, after the first
-    sandbox is on its way: a lone self-check waits for none of it, a class grading gains it per
-    submission. It starts no thread, so forking stays as safe as before.
+    each notebook that trains would pay it again. The zygote imports it while it idles, after the first
+    sandbox is on its way (a lone self-check waits for none of it), and workbook-grade before it forks
+    its grading children. It starts no thread, so forking stays as safe as before.
     """
     try:
         import torch._dynamo  # noqa: F401
