@@ -6,6 +6,8 @@
     python3 workbook.py test      create or reuse .venv, then run the test suite
     python3 workbook.py check     grade my notebooks (workbook-check; add 01 or a path)
     python3 workbook.py demo 01   render a notebook with solutions and outputs to HTML (classroom)
+    python3 workbook.py present 06   serve one notebook with solutions, code hidden, its demos'
+                                  controls live (Voila, on 127.0.0.1; --no-browser --port 8866)
     python3 workbook.py grade 01  grade a class in parallel into nbgrader's gradebook, then a
                                   per-trap summary of what the class got wrong (instructors;
                                   --scheduler tcp://HOST:PORT grades on a Dask cluster)
@@ -86,7 +88,7 @@ def release(names: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"lab", "test", "check", "demo", "grade", "worker", "release"}:
+    if not argv or argv[0] not in {"lab", "test", "check", "demo", "present", "grade", "worker", "release"}:
         print(__doc__)
         return 2
     command, extra = argv[0], argv[1:]
@@ -105,6 +107,8 @@ def main(argv: list[str]) -> int:
         return run([str(BIN / "workbook-check"), *extra])
     if command == "demo":
         return run([str(BIN / "workbook-demo"), *extra])
+    if command == "present":
+        return run([str(BIN / "workbook-present"), *extra])
     if command == "grade":
         return run([str(BIN / "workbook-grade"), *extra])
     if command == "worker":
