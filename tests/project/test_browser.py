@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import re
 
+import nbformat
 import pytest
 
-from browser_support import (ROOT, SCREENSHOTS, JupyterLab, LabNotebook, answer_sources, cell_roles, chromium,
-                             chromium_missing_reason, make_course_copy, markdown_headings, plotting_cells,
-                             write_filled_in_copy)
+from browser_support import (ROOT, RUN_TIMEOUT_S, SCREENSHOTS, JupyterLab, LabNotebook, LiveDemo, Presentation,
+                             answer_sources, cell_roles, chromium, chromium_missing_reason, direct_calls,
+                             make_course_copy, markdown_headings, plotting_cells, write_filled_in_copy)
 
 pytestmark = [
     pytest.mark.skipif(chromium_missing_reason() is not None, reason=chromium_missing_reason() or ""),
@@ -208,3 +209,60 @@ def test_formgrader_lists_every_assignment_for_an_instructor(course, instructor_
         assert "solutions" in crumbs, f"the assignment link opened {crumbs!r}, not solutions/{expected[0]}"
     finally:
         page.close()
+
+
+# ---- live controls (autograder.controls) ---------------------------------------------------------------
+
+LIVE_NOTEBOOK, LIVE_CELL = "06_data_ledger", "code-03a"     # the crash microbatch and the read-ahead
+MOVED = ("crash in microbatch", 4)
+DIRECT_CALL = "ledger_demo(crash_in_microbatch=4, prefetch=0)"
+
+
+@pytest.fixture(scope="module")
+def live_expected(course):
+    """The control cell's output without a frontend (the defaults), and a direct call with the moved value."""
+    student = course / "notebooks" / LIVE_NOTEBOOK / f"{LIVE_NOTEBOOK}.ipynb"
+    defaults, moved = direct_calls(student, LIVE_CELL, [DIRECT_CALL])
+    assert defaults["stdout"] and defaults["pngs"], "without a frontend the control cell printed or drew nothing"
+    assert moved["stdout"] != defaults["stdout"]
+    return defaults, moved
+
+
+def _move_and_compare(demo: LiveDemo, defaults, moved, where: str) -> None:
+    shown = demo.wait_for(lambda text: text == defaults["stdout"])
+    before = demo.pngs()
+    demo.set_slider(*MOVED)
+    after = demo.wait_for(lambda text: text != shown)
+    assert after == moved["stdout"], f"{where}: after moving {MOVED[0]!r} to {MOVED[1]} the demo prints\n{after}\n" \
+                                     f"a direct call {DIRECT_CALL} prints\n{moved['stdout']}"
+    figure = demo.pngs()
+    assert len(figure) == 1 and figure != before, f"{where}: the figure was not redrawn ({len(figure)} image(s))"
+
+
+def test_a_control_in_jupyterlab_reruns_the_demo(course, learner_lab, page, live_expected):
+    path = course / "notebooks" / LIVE_NOTEBOOK / f"{LIVE_NOTEBOOK}.ipynb"
+    notebook = LabNotebook(page, learner_lab, f"{LIVE_NOTEBOOK}/{path.name}", cells=len(cell_roles(path)))
+    index = [c.get("id") for c in nbformat.read(str(path), as_version=4).cells].index(LIVE_CELL)
+    notebook.run_above(index + 1)
+    demo = LiveDemo(page)
+    defaults, moved = live_expected
+    _move_and_compare(demo, defaults, moved, "JupyterLab")
+    notebook.screenshot(index, f"{LIVE_NOTEBOOK}-live-control")
+
+
+def test_a_control_in_the_presentation_reruns_the_demo(course, browser, live_expected, tmp_path):
+    presentation = Presentation(course, tmp_path, LIVE_NOTEBOOK[:2])
+    page = browser.new_page()
+    try:
+        page.goto(presentation.url, timeout=RUN_TIMEOUT_S * 1000)
+        assert not page.locator(".jp-InputArea-editor").count(), "the presentation shows code"
+        demo = LiveDemo(page)
+        defaults, moved = live_expected
+        _move_and_compare(demo, defaults, moved, "workbook-present")
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        demo.root.screenshot(path=str(SCREENSHOTS / f"{LIVE_NOTEBOOK}-present-live-control.png"))
+    except Exception as exc:
+        raise AssertionError(f"{exc}\nworkbook-present's log:\n{presentation.log_tail()}") from exc
+    finally:
+        page.close()
+        presentation.stop()

@@ -344,6 +344,12 @@ class LabNotebook:
             tries[pending] = tries.get(pending, 0) + 1
             self._run_from(pending, last=len(cells) - 1)
 
+    def run_above(self, index: int) -> None:
+        """Run > Run All Above Selected Cell, with cell ``index`` selected (the cells before it run)."""
+        self.select(index)
+        self._run("Run All Above Selected Cell", watch=max(i for i, c in enumerate(self.cells())
+                                                             if c.kind == "code" and i < index))
+
     def _run_from(self, index: int, last: int) -> None:
         self.select(index)
         # JupyterLab greys out "... and All Below" on the notebook's last cell.
@@ -430,3 +436,117 @@ def plotting_cells(path: Path) -> list[int]:
     """Indices of code cells that draw a figure with plt.show()."""
     return [i for i, c in enumerate(nbformat.read(str(path), as_version=4).cells)
             if c.cell_type == "code" and "plt.show()" in c.source]
+
+
+# ---- a live demo (autograder.controls) -------------------------------------------------------------
+
+def direct_calls(notebook: Path, cell_id: str, calls: list[str]) -> list[dict]:
+    """Run ``notebook`` with nbclient (no widget frontend) up to and including cell ``cell_id``, then one
+    cell per call: for the cell ``cell_id`` and each call, its stdout text, the PNGs it showed and the
+    MIME types of its outputs."""
+    from nbclient import NotebookClient
+    from autograder.contract import KERNEL_EXTRA_ARGUMENTS
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    end = next(i for i, c in enumerate(nb.cells) if c.get("id") == cell_id)
+    nb.cells = nb.cells[:end + 1] + [nbformat.v4.new_code_cell(call) for call in calls]
+    NotebookClient(nb, timeout=RUN_TIMEOUT_S, kernel_name="python3", extra_arguments=KERNEL_EXTRA_ARGUMENTS,
+                   resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    results = []
+    for cell in nb.cells[end:]:
+        stdout = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+        pngs = [o["data"]["image/png"] for o in cell.outputs if "image/png" in o.get("data", {})]
+        errors = [o for o in cell.outputs if o.get("output_type") == "error" or o.get("name") == "stderr"]
+        assert not errors, f"{cell.source[:80]!r} under nbclient: {errors}"
+        mimes = sorted({m for o in cell.outputs for m in o.get("data", {})})
+        results.append({"stdout": stdout, "pngs": pngs, "mimes": mimes})
+    return results
+
+
+_LIVE_STDOUT = """
+root => Array.from(root.querySelectorAll('.widget-output .jp-OutputArea-output'))
+  .filter(o => o.getAttribute('data-mime-type') === 'application/vnd.jupyter.stdout').map(o => o.textContent).join('')
+"""
+_LIVE_PNGS = """
+root => Array.from(root.querySelectorAll('.widget-output img')).filter(i => i.complete && i.naturalWidth > 0)
+  .map(i => i.src.replace(/^data:image\\/png;base64,/, ''))
+"""
+
+
+class LiveDemo:
+    """The controls and output area of an ``autograder.controls.live`` cell, in JupyterLab or Voilà."""
+
+    def __init__(self, page, index: int = 0, timeout_s: float = RUN_TIMEOUT_S):
+        self.page = page
+        self.root = page.locator(".workbook-live").nth(index)
+        self.root.wait_for(timeout=timeout_s * 1000)
+        self.wait_for(lambda text: text.strip() != "", timeout_s)
+
+    def stdout(self) -> str:
+        return self.root.evaluate(_LIVE_STDOUT)
+
+    def pngs(self) -> list[str]:
+        return self.root.evaluate(_LIVE_PNGS)
+
+    def wait_for(self, done, timeout_s: float = 60) -> str:
+        """Until ``done(stdout)`` holds and a figure has loaded, with no "working…" shown; the stdout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = self.stdout()
+            if done(text) and self.pngs() and "working" not in self.root.locator(".widget-html").first.inner_text():
+                return text
+            self.page.wait_for_timeout(200)
+        raise TimeoutError(f"the live demo still shows {self.stdout()!r} after {timeout_s:.0f} s")
+
+    def set_slider(self, label: str, value: int) -> None:
+        """Type ``value`` into the slider's readout, as a teacher can (Enter applies it)."""
+        slider = self.root.locator(".widget-slider", has_text=label).first
+        readout = slider.locator(".widget-readout")
+        readout.scroll_into_view_if_needed()
+        readout.click()
+        self.page.keyboard.press("Control+a")
+        self.page.keyboard.type(str(value))
+        self.page.keyboard.press("Enter")
+
+
+class Presentation:
+    """``workbook-present NAME --no-browser --port P`` run from ``course``, with its own Jupyter folders."""
+
+    def __init__(self, course: Path, state: Path, name: str):
+        workbook = _workbook_module()
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log_path = state / "present.log"
+        env = dict(workbook.tool_env())
+        for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                         ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+            (state / sub).mkdir(parents=True, exist_ok=True)
+            env[var] = str(state / sub)
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen([str(workbook.BIN / "workbook-present"), name, "--no-browser",
+                                         "--port", str(self.port)], cwd=course, env=env, stdout=self._log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"workbook-present exited with {self.process.returncode}:\n{self.log_tail()}")
+            with contextlib.closing(socket.socket()) as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"workbook-present did not listen within {START_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 15)   # workbook-present, voila and the kernel it started
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait(timeout=10)
+        self._log.close()
