@@ -36,6 +36,8 @@ import nbformat  # noqa: E402
 # notebook, control cell, demo function, {control: values to move it through}
 CONTROLS = [
     ("02_adam_resume", "code-03a", "resume_jump_demo", {"stop": [50, 100, 200, 250], "lr": [0.01, 0.02, 0.1, 0.2]}),
+    ("05_atomic_writes", "code-09a", "crash_demo",
+     {"kill_at": [10, 90], "temp_file_and_replace": [True], "fsync_file": [True], "fsync_directory": [True]}),
     ("06_data_ledger", "code-03a", "ledger_demo", {"crash_in_microbatch": [1, 2, 4], "prefetch": [1, 4, 8, 16]}),
     ("07_distributed_sampler", "code-04a", "rank_local_demo",
      {"old_world_size": [2, 5, 6, 8], "new_world_size": [1, 5, 6, 8], "drop_last": [True]}),

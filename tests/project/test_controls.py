@@ -45,6 +45,8 @@ def test_without_a_frontend_ipywidgets_is_not_even_imported():
 
 # Each notebook's control cell, and a direct call of its demo function with the controls' defaults.
 CONTROL_CELLS = [("02_adam_resume", "code-03a", "resume_jump_demo(stop=150, lr=0.05)"),
+                 ("05_atomic_writes", "code-09a", "crash_demo(kill_at=50, temp_file_and_replace=False, "
+                                                  "fsync_file=False, fsync_directory=False)"),
                  ("06_data_ledger", "code-03a", "ledger_demo(crash_in_microbatch=3, prefetch=0)"),
                  ("07_distributed_sampler", "code-04a", "rank_local_demo(old_world_size=4, new_world_size=3, "
                                                         "drop_last=False)")]
