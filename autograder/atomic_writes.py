@@ -56,7 +56,7 @@ except ImportError:  # Windows
     fcntl = None
 
 from .checking import expect, graded_check, load_written, observe, silence_this_process
-from .helpers import changed_global_rngs, describe_rng_change, distinct_global_rngs, global_rng_states
+from .helpers import changed_global_rngs, describe_rng_change, recording_global_rngs
 from .grading.confine import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
 
 CHECKPOINT_SUFFIX = ".pt"
@@ -647,11 +647,10 @@ def probe_save(atomic_save, obj, path) -> list[dict]:
     All read where the save ran (in graded mode the check reads copies of its files, with inodes of their own).
     """
     final = {"op": "final", "path_before": _inode_or_none(path), "content_before": content_digest(path)}
-    with _tempfile_folder_of(path), distinct_global_rngs():
-        rng_before = global_rng_states()
+    with _tempfile_folder_of(path), recording_global_rngs() as rng:
         with recorded_file_operations(watch=path) as events:
             atomic_save(obj, path)
-        final["rng"] = {"before": rng_before, "after": global_rng_states()}
+    final["rng"] = rng
     final.update(path=_inode_or_none(path), directory=_inode_or_none(os.path.dirname(path)),
                  content=content_digest(path))
     return events + [final]

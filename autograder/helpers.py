@@ -229,14 +229,22 @@ def distinct_global_rngs():
         torch.set_rng_state(saved["torch"])
 
 
+@contextlib.contextmanager
+def recording_global_rngs():
+    """The global RNGs in states of their own for the duration (distinct_global_rngs), read at the start and
+    at the end: yields ``{"before": states}``, to which ``"after"`` is added when the block ends."""
+    with distinct_global_rngs():
+        seen = {"before": global_rng_states()}
+        yield seen
+        seen["after"] = global_rng_states()
+
+
 def probe_global_rngs(function, *args, **kwargs) -> dict:
     """``function(*args, **kwargs)`` where it lives, between two readings of that process's global RNG
     states (see global_rng_states); the RNGs are put back afterwards."""
-    with distinct_global_rngs():
-        before = global_rng_states()
+    with recording_global_rngs() as seen:
         function(*args, **kwargs)
-        after = global_rng_states()
-    return {"before": before, "after": after}
+    return seen
 
 
 def changed_global_rngs(seen: dict) -> list[str]:

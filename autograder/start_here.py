@@ -14,8 +14,8 @@ import copy
 import torch
 
 from .checking import expect, graded_check, observe
-from .helpers import (changed_global_rngs, describe_rng_change, distinct_global_rngs, global_rng_states,
-                      regression_data, tiny_mlp, train_step)
+from .helpers import (changed_global_rngs, describe_rng_change, recording_global_rngs, regression_data, tiny_mlp,
+                      train_step)
 
 
 def _trained_pair(seed: int, hidden: int, batchnorm: bool):
@@ -32,10 +32,8 @@ def probe_same_weights(same_weights, a, b) -> dict:
     """Runs where the learner's same_weights lives: its answer, and what the call changed there (the
     models' saved state, torch's global random number generator), as data."""
     before = [{k: v.clone() for k, v in model.state_dict().items()} for model in (a, b)]
-    with distinct_global_rngs():     # a reseed shows even to the seed the process had; put back afterwards
-        rng = {"before": global_rng_states()}
+    with recording_global_rngs() as rng:     # a reseed shows even to the seed the process had; put back after
         answer = same_weights(a, b)
-        rng["after"] = global_rng_states()
     if torch.is_tensor(answer) and answer.numel() == 1:
         answer = bool(answer)
     changed = [f"{which}'s {key!r}" for which, model, old in (("model_a", a, before[0]), ("model_b", b, before[1]))

@@ -147,10 +147,6 @@ def _autograde(job: SubmissionJob, robust: bool) -> int:
     return 0
 
 
-def _unreadable(path: Path) -> str | None:
-    return read_notebook(path)[1]
-
-
 def submitted_notebooks(course: Path, assignment: str, student: str) -> list[Path]:
     return sorted((course / "submitted" / student / assignment).glob("*.ipynb"))
 
@@ -171,7 +167,8 @@ def grade_submission(job: SubmissionJob) -> SubmissionOutcome:
     if _log_mentions(job, DATABASE_LOCKED):  # not the submission's fault: the caller grades it again
         return SubmissionOutcome(job.student, "failed", time.monotonic() - start,
                                  f"the gradebook stayed busy ({DATABASE_LOCKED})")
-    unreadable = [why for why in map(_unreadable, submitted_notebooks(course, job.assignment, job.student)) if why]
+    submitted = submitted_notebooks(course, job.assignment, job.student)
+    unreadable = [why for why in (read_notebook(path)[1] for path in submitted) if why]
     if not unreadable:
         RobustExecute.problems = {}
         if _autograde(job, robust=True) == 0:

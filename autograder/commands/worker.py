@@ -20,7 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autograder.commands.grade import default_workers
 from autograder.contract import with_tools_on_path
 
 LOOPBACK = ("tcp://127.", "tcp://localhost", "tcp://[::1]")
@@ -50,6 +49,8 @@ def dask_setup(worker) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from autograder.commands.grade import default_workers   # here, not at import: every worker process
+    # imports this module as its preload, and grade imports nbgrader, which a worker never needs
     parser = argparse.ArgumentParser(prog="workbook-worker", description=__doc__.split("\n\n")[0])
     parser.add_argument("scheduler", help="the Dask scheduler's address, tcp://HOST:PORT")
     parser.add_argument("--nworkers", type=int, default=default_workers(),
