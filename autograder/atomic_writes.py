@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import io
 import os
 import shutil
 import signal
@@ -128,12 +129,19 @@ def save_directly(obj, path) -> None:
     torch.save(obj, path)
 
 
-def demo_writer(temp_file_and_replace: bool, fsync_file: bool, fsync_directory: bool):
+def demo_writer(temp_file_and_replace: bool, fsync_file: bool, fsync_directory: bool,
+                pause_at_bytes: int | None = None):
     """A save with the recipe's steps switched on or off, for notebook 05's live demo. It lives here, off
-    the learner's screen: with every step on, it is most of the exercise's answer."""
+    the learner's screen: with every step on, it is most of the exercise's answer.
+
+    With ``pause_at_bytes``, the writer stops once that many bytes of the file are written and waits
+    for the SIGKILL: a small file is written faster than a watcher can react, so without the pause the
+    kill lands wherever the machine's load puts it (often after the last byte) and the demo would not
+    show what its slider says."""
     def save(obj, path) -> None:
         target = path + TEMP_SUFFIX if temp_file_and_replace else path
-        with open(target, "wb") as f:
+        opener = open if pause_at_bytes is None else functools.partial(_PausingFile, pause_at=pause_at_bytes)
+        with opener(target, "wb") as f:
             torch.save(obj, f)
             if fsync_file:
                 f.flush()
@@ -147,6 +155,25 @@ def demo_writer(temp_file_and_replace: bool, fsync_file: bool, fsync_directory: 
             finally:
                 os.close(folder)
     return save
+
+
+class _PausingFile(io.FileIO):
+    """A file that, once ``pause_at`` bytes are written, puts exactly those on disk and waits to be killed."""
+
+    def __init__(self, path, mode, pause_at: int):
+        super().__init__(path, mode)
+        self.pause_at, self.written = pause_at, 0
+
+    def write(self, data) -> int:
+        data = memoryview(data).cast("B")
+        room = self.pause_at - self.written
+        if len(data) < room:
+            self.written += len(data)
+            return super().write(data)
+        super().write(data[:room])
+        self.written = self.pause_at
+        while True:  # the watcher sees the bytes and sends SIGKILL; a watcher that never does ends the trial
+            time.sleep(1)
 
 
 # ---------------------------------------------------------------------------------------------
