@@ -1,0 +1,50 @@
+"""notebooks/ = nbgrader generate_assignment(solutions/), for the named notebooks or all of them.
+
+Run as ``python3 workbook.py release [NN ...]``. It is nbgrader's own generate_assignment, driven
+through nbgrader's Python API with the course's nbgrader_config.py, so all notebooks are released in
+one process: the command line would start nbgrader (and import its configuration) once per notebook.
+A throwaway gradebook is used: releasing must not touch an instructor's grades.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from autograder.course import NOTEBOOKS, REPO_ROOT, matching
+
+
+def generate_assignments(course: Path, assignments: list[str]) -> list[str]:
+    """Run generate_assignment for each assignment of the course folder ``course`` (its solutions/ and
+    nbgrader_config.py) into its notebooks/; return the error logs of those that failed."""
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    config.CourseDirectory.root = str(course)
+    failed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        config.CourseDirectory.db_url = f"sqlite:///{Path(tmp) / 'release.db'}"
+        api = NbGraderAPI(config=config)
+        for name in assignments:
+            result = api.generate_assignment(name, force=True)
+            if not result["success"]:
+                failed.append(f"{name}: {result.get('error') or result.get('log')}")
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = sys.argv[1:] if argv is None else argv
+    assignments = matching(names, [notebook.folder for notebook in NOTEBOOKS], "workbook.py release")
+    failed = generate_assignments(REPO_ROOT, assignments)
+    for name in assignments:
+        if not any(f.startswith(f"{name}:") for f in failed):
+            print(f"released notebooks/{name}/")
+    for failure in failed:
+        print(f"release failed: {failure}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
