@@ -172,6 +172,18 @@ def _worker(rank: int, job: Job) -> None:
                                 "committed": job.start_cursor + job.world_size * (start + len(batch))},
                 }, job.checkpoint_path)
             dist.barrier()  # the update counts as committed once its checkpoint is on disk
+    leave_together(store, job.world_size)
+
+
+def leave_together(store, world_size: int, key: str = "left") -> None:
+    """Tear the process group down only once every rank has finished its last collective. A rank that
+    leaves first closes its gloo connections while a slower one may still be reading the last message
+    of the final barrier, which then fails with 'Connection closed by peer' (seen on a loaded machine).
+    The count goes through the launcher's store, which outlives every rank."""
+    store.add(key, 1)
+    deadline = time.monotonic() + 30
+    while store.add(key, 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.005)
     dist.destroy_process_group()
 
 
