@@ -6,7 +6,6 @@ The same submissions are graded by ``nbgrader autograde`` in one course folder a
 ``workbook-grade`` in a copy, and the two gradebooks are compared cell by cell.
 """
 
-import fcntl
 import json
 import os
 import shutil
@@ -22,8 +21,8 @@ from nbgrader.api import Gradebook
 
 from autograder import class_grading
 from autograder.commands.class_summary import (CRASHED, MISSING, NOT_ANSWERED, UNGRADABLE, failure_kind, summarize)
-from notebook_files import (ROOT, fill_answers, nbgrader_cell, nbgrader_in_process, new_course, run_nbgrader,
-                            source_notebook, submit)
+from notebook_files import (ROOT, built_once, fill_answers, nbgrader_cell, nbgrader_in_process, new_course, own_copy,
+                            run_nbgrader, source_notebook, submit)
 
 NAME = "toy"
 CELL_TIMEOUT = 3  # seconds: the hanging submission is stopped quickly
@@ -66,22 +65,6 @@ def toy_assignment():
         nbgrader_cell('assert double(-4) == -8, f"double lost the sign (double(-4) gave {double(-4)})."',
                       "test_double_negative", grade=True, points=1),
     ])
-
-
-def built_once(tmp_path_factory, name: str, build) -> Path:
-    """A folder built by the first pytest-xdist worker that needs it and shared by the others
-    (read-only): each course costs dozens of kernel starts, too many to repeat per worker."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the temp folder every worker of this run shares
-    folder = root / f"class_grading_{name}"
-    with open(f"{folder}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / ".built").exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            build(folder)
-            (folder / ".built").touch()
-    return folder
 
 
 def build_blank_course(folder: Path) -> None:
@@ -131,11 +114,6 @@ def by_workbook_grade(blank_course, tmp_path_factory):
         (folder / "exit_status").write_text(str(code))
     folder = built_once(tmp_path_factory, "by_workbook_grade", build)
     return folder / "course", int((folder / "exit_status").read_text())
-
-
-def own_copy(course: Path, folder: Path) -> Path:
-    """A private copy of a shared graded course, for a test that writes into it."""
-    return Path(shutil.copytree(course, folder / "course"))
 
 
 def gradebook_rows(course: Path, students) -> dict:

@@ -18,8 +18,8 @@ from autograder.commands import grade as class_grading
 from autograder.commands.check import grade_notebook
 from autograder.contract import nbgrader_meta
 from fixtures import hostile_submissions as catalog
-from notebook_files import ROOT, fill_answers, new_course, nbgrader_in_process, run_nbgrader, solution_answers, submit
-from test_class_grading import built_once, own_copy
+from notebook_files import (ROOT, built_once, fill_answers, new_course, own_copy, nbgrader_in_process, run_nbgrader,
+                            solution_answers, submit)
 
 NAME = catalog.NOTEBOOK
 SOURCE = ROOT / "solutions" / NAME / f"{NAME}.ipynb"

@@ -15,7 +15,7 @@ import pytest
 from nbgrader.api import Gradebook
 from nbgrader.validator import Validator
 
-from notebook_files import ROOT, fill_answers, solution_answers
+from notebook_files import ROOT, built_once, fill_answers, solution_answers
 
 NAME = "01_state_dict_aliasing"
 BIN = Path(sys.executable).parent
@@ -34,9 +34,9 @@ def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "nbgrader"), *args], cwd=course, capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="session")  # built once per worker even if other tests run in between
-def course(tmp_path_factory):
-    course = tmp_path_factory.mktemp("course")
+def build_course(folder: Path) -> None:
+    course = folder / "course"
+    course.mkdir(parents=True)
     shutil.copy(ROOT / "nbgrader_config.py", course)
     shutil.copytree(ROOT / "solutions" / NAME, course / "solutions" / NAME)
     run = nbgrader(course, "generate_assignment", NAME)
@@ -48,13 +48,18 @@ def course(tmp_path_factory):
         "untouched": nbformat.read(released, as_version=4),
     }
     for student, nb in submissions.items():
-        folder = course / "submitted" / student / NAME
-        folder.mkdir(parents=True)
-        nbformat.write(nb, folder / f"{NAME}.ipynb")
+        submitted = course / "submitted" / student / NAME
+        submitted.mkdir(parents=True)
+        nbformat.write(nb, submitted / f"{NAME}.ipynb")
     for step in (["autograde", NAME, "--create"], ["generate_feedback", NAME], ["export"]):
         run = nbgrader(course, *step)
         assert run.returncode == 0, f"nbgrader {' '.join(step)} failed:\n{run.stderr}"
-    return course
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """Built by the first worker that needs it, read by the others."""
+    return built_once(tmp_path_factory, "nbgrader_pipeline", build_course) / "course"
 
 
 def cell_scores(course: Path, student: str) -> dict:

@@ -1,6 +1,8 @@
 """The notebooks of the workbook, found on disk so new ones are tested without new code."""
 
+import fcntl
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -109,3 +111,24 @@ def submit(course: Path, student: str, name: str, submission) -> Path:
     else:
         nbformat.write(submission, path)
     return path
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A folder built by the first pytest-xdist worker that needs it and shared by the others
+    (read-only): each course costs dozens of kernel starts, too many to repeat per worker."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the temp folder every worker of this run shares
+    folder = root / f"class_grading_{name}"
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
+def own_copy(course: Path, folder: Path) -> Path:
+    """A private copy of a shared graded course, for a test that writes into it."""
+    return Path(shutil.copytree(course, folder / "course"))
