@@ -172,7 +172,10 @@ def _worker(rank: int, job: Job) -> None:
                                 "committed": job.start_cursor + job.world_size * (start + len(batch))},
                 }, job.checkpoint_path)
             dist.barrier()  # the update counts as committed once its checkpoint is on disk
-    leave_together(store, job.world_size)
+    if len({-(-len(shard) // job.micro_batch) for shard in job.plan}) == 1:
+        leave_together(store, job.world_size)
+    else:  # uneven plans are the demo of a collective nobody joins: who runs out leaves, the rank left alone fails
+        dist.destroy_process_group()
 
 
 def leave_together(store, world_size: int, key: str = "left") -> None:

@@ -195,3 +195,17 @@ def test_the_rng_probe_puts_the_learners_global_rngs_back():
     seen = checks.probe_global_rngs(impls.order_seeds_every_global_rng, 12, 0, 1, 3)
     assert checks.changed_global_rngs(seen) == ["random", "numpy", "torch"]
     assert draws() == expected
+
+
+def test_a_rank_left_alone_at_a_collective_fails_at_once_and_even_jobs_end_together(tmp_path):
+    """Ranks of an even plan wait for each other before tearing gloo down (a fast leaver used to break a
+    slow rank's final barrier); those of the notebook's uneven plan leave at once, so the rank left alone
+    fails when they go, not after gloo's 30 s timeout."""
+    uneven = gloo_demo.launch(gloo_demo.Job(gloo_demo.plan_from_shards([[0, 1, 2, 3], [4, 5], [6, 7]]),
+                                            str(tmp_path), 8, 0, 0, name="uneven"),
+                              say=lambda line: None, allow_errors=True)
+    assert list(uneven.errors) == [0] and uneven.seconds < 15, (uneven.errors, uneven.seconds)
+    for run in range(3):
+        even = gloo_demo.launch(gloo_demo.Job(gloo_demo.plan_from_shards([[0, 1], [2, 3], [4, 5]]), str(tmp_path),
+                                              6, 0, 0, name=f"even{run}"), say=lambda line: None)
+        assert set(even.exit_codes.values()) == {0} and not even.errors
