@@ -40,6 +40,8 @@ NOTEBOOKS = (
     Notebook("06_data_ledger", checks="data_ledger"),
     Notebook("07_distributed_sampler", checks="distributed_sampler"),
     Notebook("08_commit_boundary", checks="commit_boundary"),
+    Notebook("09_sharded_checkpoints", checks="sharded_checkpoints"),
+    Notebook("10_auditable_progress", checks="auditable_progress"),
 )
 
 # What check modules build on; shared by every notebook's checks, so guarded like them in the sandbox.

@@ -8,22 +8,27 @@ two cores instead of one after the other.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
+import signal
 import sys
 
 RANK_MODULE = "autograder.gloo_demo"   # where the ranks' entry point lives
 
 
-def start_rank_server() -> str:
+def start_rank_server(preload: str = RANK_MODULE) -> str:
     """Start the rank server if it is not running yet; return the start method ranks use.
 
     'forkserver' on Linux and macOS. Windows has no forkserver: 'spawn' (nothing to start).
+    ``preload`` is the module the ranks' entry point lives in (notebook 09's is another one); only
+    the first call in a process chooses it.
     """
     if sys.platform == "win32":
         return "spawn"
     from multiprocessing import forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload([RANK_MODULE])  # no-op once running
+    multiprocessing.get_context("forkserver").set_forkserver_preload([preload])  # no-op once running
     forkserver.ensure_running()
     _stop_with_the_kernel()
     return "forkserver"
@@ -50,7 +55,11 @@ def _stop_servers(change) -> None:
         return
     from multiprocessing import forkserver, resource_tracker   # POSIX only, like this hook
 
-    # Both come back by themselves if something asks for them again (ensure_running).
+    # The rank server holds nothing to save, and a process with torch loaded takes up to a second to
+    # tear itself down (with notebook 09's DCP and torch._dynamo, most of the kernel's shutdown): end it
+    # at once. _stop then reaps it. Both come back by themselves if asked for again (ensure_running).
+    with contextlib.suppress(TypeError, OSError):   # TypeError: no server (its pid is None)
+        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGKILL)
     for server in (forkserver._forkserver, resource_tracker._resource_tracker):
         try:
             server._stop()
