@@ -12,7 +12,10 @@ reports per stratum. Everything the learner's code gets is data, so no probe is 
 
 from __future__ import annotations
 
+import numbers
 import random
+
+import torch
 
 from .checking import expect, failing_if_raised, graded_check
 from .data_ledger import reference_audit
@@ -56,11 +59,15 @@ def _call_cursor(token_cursor, lengths, batches, fetched, committed) -> dict:
         got = token_cursor(list(lengths), batches[:fetched], committed)
     expect(isinstance(got, dict) and {"doc", "offset", "tokens"} <= set(got),
            f"token_cursor should return a dict with keys 'doc', 'offset' and 'tokens', not {got!r:.120}.")
+    cursor = {}
     for key in ("doc", "offset", "tokens"):
         value = got[key]
-        expect(isinstance(value, int) and not isinstance(value, bool),
-               f"token_cursor(...)[{key!r}] should be a plain int, not {type(value).__name__} {value!r:.40}.")
-    return got
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+            value = value.item()     # an integer tensor or a NumPy integer is a count too
+        expect(isinstance(value, numbers.Integral) and not isinstance(value, bool),
+               f"token_cursor(...)[{key!r}] should be an integer, not {type(value).__name__} {value!r:.40}.")
+        cursor[key] = int(value)
+    return cursor
 
 
 def _story(what, batches, fetched, committed) -> str:
@@ -467,7 +474,9 @@ def check_judge_deviation_rates(judge_deviation, seed: int = 0) -> None:
                      "again, not a training duplicate." if kind == "duplicate" and
                      abs(float(got[kind]) - (replayed + recomputed) / expected) < 1e-9 else
                      " It counts the explained omissions too." if kind == "omission" and
-                     abs(float(got[kind]) - omitted / expected) < 1e-9 else "")
+                     abs(float(got[kind]) - omitted / expected) < 1e-9 else
+                     " That is a percentage: return the fraction (0.02, not 2)." if value and
+                     abs(float(got[kind]) - 100 * value) <= 1e-9 * 100 * value else "")
             raise AssertionError(
                 f"verdict['rates'][{name!r}][{kind!r}] is {float(got[kind]):.6g}, expected {value:.6g} "
                 f"({_strata_text(report)}): the {kind} rate of a stratum is its defective positions over its "

@@ -156,6 +156,12 @@ def check_latest_checkpoint_newest(latest_checkpoint, seed: int = 0) -> None:
         (run_dir / POINTER).unlink()
         got = _call_loader(latest_checkpoint, run_dir)
         _expect_folder(got, newer, f"With {older.name} and {newer.name} committed and no `latest` file", trap)
+        later = newer.stat().st_mtime + 60    # a clean-up, a copy or a restore touched the older folder
+        os.utime(older, (later, later))
+        got = _call_loader(latest_checkpoint, run_dir)
+        _expect_folder(got, newer, f"With {older.name} and {newer.name} committed and {older.name} modified last "
+                       f"(a clean-up wrote into it)", "A folder's modification time is not its step: cleaning up, "
+                       "copying or restoring a folder changes it. Compare the steps in the folder names.")
 
 
 # ---------------------------------------------------------------------------------------------
