@@ -17,8 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 
+from autograder.contract import nbgrader_meta
 from autograder.course import REPO_ROOT
 from autograder.grading.cluster import course_resource
 from test_class_grading import (CELL_TIMEOUT, NAME, NBGRADER_CAN_GRADE, blank_course, by_nbgrader,  # noqa: F401
@@ -93,6 +95,15 @@ class WorkerKiller(threading.Thread):
         self.client.close()
 
 
+def _slow_down(path: Path) -> None:
+    """The poison's answer cell sleeps 2 s: every attempt at it is still running when the killer, which
+    polls what the workers execute, looks (on a loaded machine a fast one could finish unseen)."""
+    nb = nbformat.read(path, as_version=4)
+    answer = next(c for c in nb.cells if nbgrader_meta(c).get("grade_id") == "add")
+    answer.source = "import time\ntime.sleep(2)\n" + answer.source
+    nbformat.write(nb, path)
+
+
 @pytest.fixture(scope="module")
 def cluster_graded(blank_course, tmp_path_factory):  # noqa: F811
     folder = tmp_path_factory.mktemp("cluster")
@@ -119,6 +130,7 @@ def cluster_graded(blank_course, tmp_path_factory):  # noqa: F811
                                 if course_resource() not in w["resources"])
         course = copy_course(blank_course, folder, NBGRADER_CAN_GRADE)
         shutil.copytree(course / "submitted" / "correct", course / "submitted" / POISON)
+        _slow_down(course / "submitted" / POISON / NAME / f"{NAME}.ipynb")
         killer = WorkerKiller(address, {KILLED_ONCE: 1, POISON: POISON_DEATHS})
         killer.start()
         try:
