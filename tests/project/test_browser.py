@@ -1,11 +1,11 @@
 """JupyterLab in a real browser: what a learner and an instructor actually see.
 
 Starts JupyterLab the way `python3 workbook.py lab` does (on a throwaway copy of the
-course), opens every released notebook in headless Chromium, runs all cells through
-the Run menu and reads the page: explanations render, plots appear as images, an
+course), opens every released notebook in headless Chromium, runs it through the Run
+menu and reads the page: explanations render, plots appear as images, the first
 unanswered exercise shows the stub's NotImplementedError and nothing else breaks,
-no library warning reaches the screen, and with the answers filled in every test
-cell shows its ✓ line. Then nbgrader's Validate button and the formgrader.
+no library warning reaches the screen, and with the answers filled in every cell
+runs and every test cell shows its ✓ line. Then nbgrader's Validate button and the formgrader.
 
 Screenshots go to artifacts/screenshots/ (look at them after a change to a notebook).
 Skipped only where no Chromium is installed (.ci/run installs Debian's chromium).
@@ -60,14 +60,17 @@ def page(browser, learner_lab):
     learner_lab.shut_down_kernels()
 
 
-def look_at_the_page(notebook: LabNotebook, path, *, solved: bool) -> list[str]:
-    """Everything a learner would notice is wrong, as sentences; empty when all is well."""
+def look_at_the_page(notebook: LabNotebook, path, *, solved: bool, upto: int | None = None) -> list[str]:
+    """Everything a learner would notice is wrong, as sentences; empty when all is well. With ``upto``,
+    the cells after that one are not looked at (they were not run)."""
     roles = cell_roles(path)
     cells = notebook.cells()
     if len(cells) != len(roles):
         return [f"the browser shows {len(cells)} cells, the notebook file has {len(roles)}"]
     problems = []
     for index, (cell, role, headings) in enumerate(zip(cells, roles, markdown_headings(path))):
+        if upto is not None and index > upto:
+            break
         where = f"cell {index + 1} ({role})"
         if role == "markdown":
             if not cell.rendered:
@@ -114,8 +117,12 @@ def test_learner_runs_the_notebook_then_answers_every_exercise(released, course,
     student = course / "notebooks" / name / released.name
     notebook = LabNotebook(page, learner_lab, f"{name}/{released.name}", cells=len(cell_roles(student)))
 
-    # 1. Open it and run all cells, exercises unanswered: only the exercises' test cells may fail.
-    notebook.run_everything()
+    # 1. Open it and run all cells, exercises unanswered, as far as the first test cell: it shows the stub's
+    #    NotImplementedError and nothing else. (Every unanswered test cell, and the cells after them, are
+    #    run in the student version by test_notebooks.py; a stop here costs a restart through the menus.)
+    roles = cell_roles(student)
+    first_test = roles.index("test") if "test" in roles else None
+    notebook.run_everything(until=first_test)
     notebook.screenshot_page(f"{name}-opened-and-run")
     cells = notebook.cells()
     plot = first(cells, lambda c: c.images > 0)
@@ -124,7 +131,7 @@ def test_learner_runs_the_notebook_then_answers_every_exercise(released, course,
     stub = first(cells, lambda c: any("NotImplementedError" in t for t in c.stderr_texts))
     if stub is not None:
         notebook.screenshot(stub, f"{name}-unanswered-exercise")
-    problems = [f"unanswered: {p}" for p in look_at_the_page(notebook, student, solved=False)]
+    problems = [f"unanswered: {p}" for p in look_at_the_page(notebook, student, solved=False, upto=first_test)]
 
     # 2. Paste each answer from solutions/ into its cell and run from the first answer down.
     answers = answer_sources(course, name)

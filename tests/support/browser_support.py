@@ -282,14 +282,15 @@ class LabNotebook:
         self.page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")).first.click()
 
     def wait_until_idle(self, timeout_s: float = RUN_TIMEOUT_S) -> None:
-        """Until no cell is running or queued ([*]) and the kernel says idle, twice in a row."""
+        """Until no cell is running or queued ([*]) and the kernel says idle, three looks in a row 0.1 s
+        apart (a run that stops at an error comes back here once per stop: the wait is paid each time)."""
         deadline, calm = time.monotonic() + timeout_s, 0
         while time.monotonic() < deadline:
             busy = self.page.evaluate(_BUSY)
             calm = 0 if busy else calm + 1
-            if calm >= 2:
+            if calm >= 3:
                 return
-            self.page.wait_for_timeout(300)
+            self.page.wait_for_timeout(100)
         raise TimeoutError(f"{self.path}: cells still running after {timeout_s:.0f} s")
 
     def select(self, index: int) -> None:
@@ -316,10 +317,11 @@ class LabNotebook:
     def prompt(self, index: int) -> str:
         return self.page.evaluate(_PROMPT, index)
 
-    def run_everything(self, start: int | None = None) -> int:
+    def run_everything(self, start: int | None = None, until: int | None = None) -> int:
         """Run > Run All Cells (or, from cell ``start``, Run Selected Cell and All Below).
         JupyterLab stops at a cell that raises, so carry on from the first code cell not run yet
-        until every code cell from the start ran. Returns how many times the run stopped at an error."""
+        until every code cell from the start ran (with ``until``: every code cell up to that one; what
+        comes after it may be left unrun). Returns how many times the run stopped at an error."""
         cells = self.cells()
         code = [i for i, c in enumerate(cells) if c.kind == "code"]
         # A cell ran in this pass when its prompt number changed (numbers only grow).
@@ -334,7 +336,7 @@ class LabNotebook:
             cells = self.cells()
             pending = next((i for i in code if i >= start
                             and not (cells[i].executed and cells[i].prompt != before[i])), None)
-            if pending is None or tries.get(pending, 0) == 2:
+            if pending is None or (until is not None and pending > until) or tries.get(pending, 0) == 2:
                 return stops  # done, or stuck (a run from there twice did not run it): the caller reports it
             # Run again from the first cell not run. A stop is the cell above it showing an error;
             # otherwise a loaded machine dropped the click or the request, and that is no stop.
