@@ -26,6 +26,12 @@ def start_rank_server(preload: str = RANK_MODULE) -> str:
     """
     if sys.platform == "win32":
         return "spawn"
+    return start_forkserver(preload)
+
+
+def start_forkserver(preload: str) -> str:
+    """Start multiprocessing's forkserver, importing ``preload`` once, if it is not running yet, and
+    stop it with the kernel (notebook 04's DataLoader workers use it too). Returns 'forkserver'."""
     from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload([preload])  # no-op once running
