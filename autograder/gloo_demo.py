@@ -127,12 +127,7 @@ def _silence_this_process(log_path: Path) -> None:
 def _worker(rank: int, job: Job) -> None:
     workdir = Path(job.workdir)
     _silence_this_process(workdir / f"rank{rank}.log")
-    torch.set_num_threads(1)
-    if sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
-    store = dist.TCPStore("127.0.0.1", job.port, is_master=False, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=job.world_size,
-                            timeout=timedelta(seconds=30))
+    store = join_gloo_group(rank, job.world_size, job.port, timeout_s=30)
     X, y = regression_data(n=job.n, seed=1)
     model = _model()
     history: list[float] = []
@@ -178,6 +173,17 @@ def _worker(rank: int, job: Job) -> None:
         dist.destroy_process_group()
 
 
+def join_gloo_group(rank: int, world_size: int, port: int, timeout_s: float):
+    """In a rank: one thread, gloo on the loopback, the launcher's store at ``port``; returns the store."""
+    torch.set_num_threads(1)
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    return store
+
+
 def leave_together(store, world_size: int, key: str = "left") -> None:
     """Tear the process group down only once every rank has finished its last collective. A rank that
     leaves first closes its gloo connections while a slower one may still be reading the last message
@@ -208,42 +214,53 @@ def _last_line(traceback_text: str) -> str:
     return line.split(". This is")[0][:160]
 
 
+def host_store():
+    """The launcher's rendezvous store, on a port the OS picks while binding it: asking for a free port
+    first and binding it later can race with any other process doing the same (a Jupyter kernel)."""
+    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+
+
+def run_to_the_end(entry, args: tuple, world_size: int, method: str) -> tuple[dict[int, int | None], dict[int, str]]:
+    """Start ``world_size`` processes running ``entry(rank, *args)`` and wait until all ended or one failed
+    (torch then stops the others). Returns each rank's exit code, and for a rank that raised, the last line
+    of its exception."""
+    # The launcher logs a warning for each rank it stops after a crash; the caller's report says it.
+    launcher_log = logging.getLogger("torch.multiprocessing.spawn")
+    previous_level = launcher_log.level
+    launcher_log.setLevel(logging.ERROR)
+    errors: dict[int, str] = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            context = mp.start_processes(entry, args=args, nprocs=world_size, join=False, start_method=method)
+            try:
+                while not context.join():
+                    pass
+            except mp.ProcessRaisedException as failure:
+                # join() has already stopped the surviving ranks; keep the last line of the traceback.
+                errors[failure.error_index] = _last_line(str(failure))
+            except mp.ProcessExitedException:
+                pass  # a rank died without a Python exception (SIGKILL): its exit code tells the story
+    finally:
+        launcher_log.setLevel(previous_level)
+    return {rank: process.exitcode for rank, process in enumerate(context.processes)}, errors
+
+
 def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
     """Run one job of ``job.world_size`` processes to the end, or until a rank dies.
 
     A rank killed by ``job.kill`` is part of the demo. A rank that raises is not, unless
     ``allow_errors`` says the demo is about that failure: everything after it would be wrong.
     """
-    # The launcher hosts the rendezvous store on a port the OS picks while binding it: asking for a free
-    # port first and binding it later can race with any other process doing the same (a Jupyter kernel).
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    store = host_store()
     job = dataclasses.replace(job, port=store.port)
     method = start_rank_server()   # the first launch waits for its import, if it is still on
     say(f"launching {job.world_size} ranks (gloo on 127.0.0.1:{job.port}, {method})"
         + (f", resuming at global position {job.start_cursor}" if job.resume else ""))
     started = time.perf_counter()
-    # The launcher logs a warning for each rank it stops after a crash; the report below says it.
-    launcher_log = logging.getLogger("torch.multiprocessing.spawn")
-    previous_level = launcher_log.level
-    launcher_log.setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        context = mp.start_processes(_worker, args=(job,), nprocs=job.world_size, join=False,
-                                     start_method=method)
-        errors: dict[int, str] = {}
-        try:
-            while not context.join():
-                pass
-        except mp.ProcessRaisedException as failure:
-            # join() has already stopped the surviving ranks; keep the last line of the traceback.
-            errors[failure.error_index] = _last_line(str(failure))
-        except mp.ProcessExitedException:
-            pass  # a rank died without a Python exception (SIGKILL): its exit code tells the story
-        finally:
-            launcher_log.setLevel(previous_level)
-            del store
+    exit_codes, errors = run_to_the_end(_worker, (job,), job.world_size, method)
+    del store
     seconds = time.perf_counter() - started
-    exit_codes = {rank: process.exitcode for rank, process in enumerate(context.processes)}
     workdir = Path(job.workdir)
     checkpoint = torch.load(job.checkpoint_path, weights_only=True) if job.checkpoint_path.exists() else None
     report = JobReport(job.world_size, exit_codes, _read_fetched(workdir, job.name, job.world_size), checkpoint,
@@ -262,8 +279,8 @@ def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
     return report
 
 
-def new_workdir() -> str:
+def new_workdir(prefix: str = "gloo_demo_") -> str:
     """A scratch folder for one demo's logs and checkpoint, removed when the Python process exits."""
-    path = tempfile.mkdtemp(prefix="gloo_demo_")
+    path = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path

@@ -17,33 +17,31 @@ This module also holds the reference versions of the notebook's fixes (``save_ch
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import tempfile
 import time
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch._dynamo  # noqa: F401  (torch.optim imports it at the first step: once, in the rank server)
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from .gloo_demo import _last_line, _silence_this_process
+from . import gloo_demo
+from .gloo_demo import (_silence_this_process, host_store, join_gloo_group, leave_together,  # the same ranks as 07's
+                        run_to_the_end)
 from .helpers import regression_data, tiny_mlp
 from .sharded_checkpoints import quiet_distributed
 from .rank_server import start_rank_server
@@ -392,56 +390,33 @@ def _without_address(error: str) -> str:
 def _entry(rank: int, task: str, world_size: int, port: int, workdir: str, kwargs: dict) -> None:
     _silence_this_process(Path(workdir) / f"{task}_rank{rank}.log")
     quiet_distributed()
-    torch.set_num_threads(1)
-    if sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=20))
+    store = join_gloo_group(rank, world_size, port, timeout_s=20)
     result = TASKS[task](rank, world_size, **kwargs)
     torch.save(result, Path(workdir) / f"{task}_result{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    dist.barrier()   # every rank reaches it, so none is left waiting below
+    leave_together(store, world_size)
 
 
 def run_ranks(task: str, world_size: int, workdir: str | None = None, **kwargs) -> RanksReport:
     """Run one job of ``world_size`` ranks to its end (or until a rank dies) and collect their results."""
     workdir = workdir or new_workdir()
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    store = host_store()
     method = start_rank_server(preload=__name__)
-    launcher_log = logging.getLogger("torch.multiprocessing.spawn")
-    previous = launcher_log.level
-    launcher_log.setLevel(logging.ERROR)
     started = time.perf_counter()
-    errors: dict[int, str] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        context = mp.start_processes(_entry, args=(task, world_size, store.port, workdir, kwargs),
-                                     nprocs=world_size, join=False, start_method=method)
-        try:
-            while not context.join():
-                pass
-        except mp.ProcessRaisedException as failure:
-            errors[failure.error_index] = _last_line(str(failure))
-        except mp.ProcessExitedException:
-            pass
-        finally:
-            launcher_log.setLevel(previous)
-            del store
+    exit_codes, errors = run_to_the_end(_entry, (task, world_size, store.port, workdir, kwargs), world_size, method)
+    del store
     results = {}
     for rank in range(world_size):
         path = Path(workdir) / f"{task}_result{rank}.pt"
         if path.exists():
             results[rank] = torch.load(path, weights_only=True)
             path.unlink()
-    return RanksReport(world_size, {r: p.exitcode for r, p in enumerate(context.processes)}, results, errors,
-                       time.perf_counter() - started)
+    return RanksReport(world_size, exit_codes, results, errors, time.perf_counter() - started)
 
 
 def new_workdir() -> str:
     """A scratch folder for one demo, removed when the Python process exits."""
-    path = tempfile.mkdtemp(prefix="sharded_demo_")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
+    return gloo_demo.new_workdir(prefix="sharded_demo_")
 
 
 def listing(folder) -> list[str]:
