@@ -232,11 +232,15 @@ class _Run:
         self.world, self.micro, self.accum = 4, 2, rng.choice((2, 4))
         self.global_batch = self.world * self.micro * self.accum
         self.updates = rng.randint(6, 9)
+        self.cursor = self.updates * self.global_batch      # the committed global cursor of the checkpoint
         self.generation = 10 + rng.randint(0, 20)
         self.version = f"docs-v{rng.randint(2, 9)}"
         self.order = sampler_order(self.n, self.seed, self.epoch, self.world)
 
-    def manifest(self, updates: int, generation: int) -> dict:
+    def manifest(self, updates: int | None = None, generation: int | None = None) -> dict:
+        """The manifest saved with the checkpoint (or, given ``updates`` and ``generation``, with another)."""
+        updates = self.updates if updates is None else updates
+        generation = self.generation if generation is None else generation
         cursor = updates * self.global_batch
         window = self.order[cursor:cursor + WINDOW]
         return {"dataset_version": self.version,
@@ -246,8 +250,7 @@ class _Run:
                 "torch": "2.13.0", "next_digest": window_digest(window), "next_sample": window[:8]}
 
     def checkpoint(self) -> dict:
-        return {"generation": self.generation, "epoch": self.epoch,
-                "global_cursor": self.updates * self.global_batch}
+        return {"generation": self.generation, "epoch": self.epoch, "global_cursor": self.cursor}
 
     def resumed(self, cursor: int, world: int | None = None, repartitioned: bool = True, version: str | None = None,
                 advance: int | None = None, ids=None) -> dict:
@@ -290,7 +293,7 @@ def _expect_rejected(verify_resume, run, manifest, resumed, step, trap) -> None:
 @graded_check("verify_resume accepts a sound resume, also one repartitioned onto another world size")
 def check_verify_resume_accepts(verify_resume, seed: int = 0) -> None:
     run = _Run(seed)
-    manifest, cursor = run.manifest(run.updates, run.generation), run.updates * run.global_batch
+    manifest, cursor = run.manifest(), run.cursor
     for what, resumed in (("a resume on the same 4 ranks", run.resumed(cursor)),
                           ("a resume on 2 ranks that rebuilt the remaining global order and dealt it anew (same "
                            "global batch, twice the accumulation steps)", run.resumed(cursor, world=2))):
@@ -305,9 +308,9 @@ def check_verify_resume_accepts(verify_resume, seed: int = 0) -> None:
 @graded_check("verify_resume rejects a changed dataset version")
 def check_verify_resume_dataset_version(verify_resume, seed: int = 0) -> None:
     run = _Run(seed)
-    cursor = run.updates * run.global_batch
+    cursor = run.cursor
     other = run.version + ".retokenized"
-    _expect_rejected(verify_resume, run, run.manifest(run.updates, run.generation),
+    _expect_rejected(verify_resume, run, run.manifest(),
                      run.resumed(cursor, version=other), "dataset_version",
                      f"The manifest names dataset version {run.version!r}, the resumed job reads {other!r}, with the "
                      f"same sample identifiers (the same documents, tokenized anew): the identifiers and their digest "
@@ -321,7 +324,7 @@ def check_verify_resume_generation(verify_resume, seed: int = 0) -> None:
     cursor = stale["global_cursor"]
     _expect_rejected(verify_resume, run, stale, run.resumed(cursor), "committed_cursor",
                      f"The checkpoint is generation {run.generation} with the committed cursor "
-                     f"{run.updates * run.global_batch}; the manifest is generation {run.generation - 1} with cursor "
+                     f"{run.cursor}; the manifest is generation {run.generation - 1} with cursor "
                      f"{cursor} (a data state written apart from the weights, one update older). The resumed job, "
                      f"started from the manifest, agrees with the manifest: only the checkpoint shows that "
                      f"{run.global_batch} committed positions would be trained again.")
@@ -330,9 +333,9 @@ def check_verify_resume_generation(verify_resume, seed: int = 0) -> None:
 @graded_check("verify_resume rejects a changed world size without repartitioning")
 def check_verify_resume_world_size(verify_resume, seed: int = 0) -> None:
     run = _Run(seed)
-    cursor = run.updates * run.global_batch
+    cursor = run.cursor
     resumed = run.resumed(cursor, world=2, repartitioned=False)
-    _expect_rejected(verify_resume, run, run.manifest(run.updates, run.generation), resumed, "world_size",
+    _expect_rejected(verify_resume, run, run.manifest(), resumed, "world_size",
                      f"The manifest was written by 4 ranks; the resumed job runs 2, each resuming a rank-local "
                      f"cursor (position {cursor // run.world} of its own slice): its next identifiers start "
                      f"{resumed['next_ids'][:6]} instead of {run.order[cursor:cursor + 6]}. A new world size is "
@@ -343,10 +346,10 @@ def check_verify_resume_world_size(verify_resume, seed: int = 0) -> None:
 @graded_check("verify_resume compares the next identifiers in order (the digest, not a set or the first few)")
 def check_verify_resume_next_identifiers(verify_resume, seed: int = 0) -> None:
     run = _Run(seed)
-    cursor = run.updates * run.global_batch
+    cursor = run.cursor
     ids = run.order[cursor:cursor + WINDOW]
     ids[12], ids[13] = ids[13], ids[12]
-    _expect_rejected(verify_resume, run, run.manifest(run.updates, run.generation), run.resumed(cursor, ids=ids),
+    _expect_rejected(verify_resume, run, run.manifest(), run.resumed(cursor, ids=ids),
                      "next_identifiers",
                      f"The resumed job's next {WINDOW} identifiers are the manifest's, with the 13th and 14th "
                      f"swapped: the same samples in another order, and the first 8 identical, so only the "
@@ -356,11 +359,11 @@ def check_verify_resume_next_identifiers(verify_resume, seed: int = 0) -> None:
 @graded_check("verify_resume checks that one update advanced the cursor by exactly one global batch")
 def check_verify_resume_one_update(verify_resume, seed: int = 0) -> None:
     run = _Run(seed)
-    cursor = run.updates * run.global_batch
+    cursor = run.cursor
     for advance, why in ((2 * run.global_batch, "two global batches: the cursor also counted batches the loader had "
                                                 "only prefetched"),
                          (run.micro * run.accum, "one rank's share of the update")):
-        _expect_rejected(verify_resume, run, run.manifest(run.updates, run.generation),
+        _expect_rejected(verify_resume, run, run.manifest(),
                          run.resumed(cursor, advance=advance), "one_update",
                          f"After one optimizer update the resumed job's committed cursor moved from {cursor} to "
                          f"{cursor + advance}, by {advance} ({why}); the manifest's global batch is "
