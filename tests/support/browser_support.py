@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -100,7 +101,60 @@ def _lab_settings(settings_dir: Path) -> None:
     (plugin / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
 
 
-class JupyterLab:
+def _own_jupyter_folders(env: dict, state: Path, folders: tuple[tuple[str, str], ...]) -> dict:
+    """``env`` with each Jupyter folder variable pointed at its own subfolder of ``state``."""
+    for var, sub in folders:
+        (state / sub).mkdir(parents=True, exist_ok=True)
+        env[var] = str(state / sub)
+    return env
+
+
+class _ServerProcess:
+    """A server started in a session of its own, its output in a log file; stopped with SIGTERM, then
+    SIGKILL. ``stop_whole_group``: signal every process of its session, not the server alone."""
+
+    stop_whole_group = False
+
+    def _start(self, command: list[str], cwd: Path, env: dict, log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    def _wait_until(self, ready, what: str) -> None:
+        """Until ``ready()`` is true; fails (with the log's tail) if the server exits or takes too long."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{what} exited with {self.process.returncode}:\n{self.log_tail()}")
+            if ready():
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"{what} did not answer within {START_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _signal(self, signum: int) -> None:
+        if self.stop_whole_group:
+            os.killpg(self.process.pid, signum)
+        else:
+            self.process.send_signal(signum)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self._log.close()
+
+
+class JupyterLab(_ServerProcess):
     """`python3 workbook.py lab` (jupyter lab --ServerApp.root_dir=notebooks) run from ``course``,
     plus --no-browser, a loopback port and a token. ``root_dir="."`` serves the whole course, as
     an instructor needs for the formgrader."""
@@ -111,13 +165,10 @@ class JupyterLab:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.course = course
-        self.log_path = state / "jupyterlab.log"
-        env = workbook.tool_env()
-        for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                         ("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
-                         ("JUPYTERLAB_SETTINGS_DIR", "settings"), ("IPYTHONDIR", "ipython")):
-            (state / sub).mkdir(parents=True, exist_ok=True)
-            env[var] = str(state / sub)
+        env = _own_jupyter_folders(workbook.tool_env(), state, (
+            ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_RUNTIME_DIR", "runtime"),
+            ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"), ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+            ("IPYTHONDIR", "ipython")))
         _lab_settings(state / "settings")
         command = [str(workbook.BIN / "jupyter"), "lab", f"--ServerApp.root_dir={root_dir}",
                    "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
@@ -125,10 +176,8 @@ class JupyterLab:
                    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             command.append("--allow-root")  # CI containers run as root
-        self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(command, cwd=course, env=env, stdout=self._log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_until_up()
+        self._start(command, course, env, state / "jupyterlab.log")
+        self._wait_until(self._answers, "JupyterLab")
 
     def api(self, path: str, method: str = "GET"):
         request = urllib.request.Request(f"{self.url}{path}", method=method,
@@ -137,37 +186,17 @@ class JupyterLab:
             body = response.read()
         return json.loads(body) if body else None
 
-    def _wait_until_up(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"JupyterLab exited with {self.process.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(OSError):
-                self.api("/api/status")
-                return
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"JupyterLab did not answer within {START_TIMEOUT_S} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+    def _answers(self) -> bool:
+        with contextlib.suppress(OSError):
+            self.api("/api/status")
+            return True
+        return False
 
     def shut_down_kernels(self) -> None:
         """Free each notebook's kernel once its test is done: memory is short on CI machines."""
         for session in self.api("/api/sessions"):
             with contextlib.suppress(OSError):
                 self.api(f"/api/sessions/{session['id']}", method="DELETE")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()  # jupyter server shuts its kernels down on SIGTERM
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        self._log.close()
 
 
 @contextlib.contextmanager
@@ -511,44 +540,22 @@ class LiveDemo:
         self.page.keyboard.press("Enter")
 
 
-class Presentation:
+class Presentation(_ServerProcess):
     """``workbook-present NAME --no-browser --port P`` run from ``course``, with its own Jupyter folders."""
+
+    stop_whole_group = True   # workbook-present, voila and the kernel it started
 
     def __init__(self, course: Path, state: Path, name: str):
         workbook = _workbook_module()
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.log_path = state / "present.log"
-        env = dict(workbook.tool_env())
-        for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                         ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
-            (state / sub).mkdir(parents=True, exist_ok=True)
-            env[var] = str(state / sub)
-        self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen([str(workbook.BIN / "workbook-present"), name, "--no-browser",
-                                         "--port", str(self.port)], cwd=course, env=env, stdout=self._log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"workbook-present exited with {self.process.returncode}:\n{self.log_tail()}")
-            with contextlib.closing(socket.socket()) as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"workbook-present did not listen within {START_TIMEOUT_S} s:\n{self.log_tail()}")
+        env = _own_jupyter_folders(dict(workbook.tool_env()), state, (
+            ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_RUNTIME_DIR", "runtime"),
+            ("IPYTHONDIR", "ipython")))
+        self._start([str(workbook.BIN / "workbook-present"), name, "--no-browser", "--port", str(self.port)],
+                    course, env, state / "present.log")
+        self._wait_until(self._listens, "workbook-present")
 
-    def log_tail(self, lines: int = 40) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, 15)   # workbook-present, voila and the kernel it started
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
-                self.process.wait(timeout=10)
-        self._log.close()
+    def _listens(self) -> bool:
+        with contextlib.closing(socket.socket()) as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
