@@ -487,8 +487,11 @@ def describe_exception(exc: BaseException) -> dict:
 
 
 def run(request_fd: int, response_fd: int, config: dict) -> None:
+    # torch and numpy first (the zygote has them already): the address-space limit is what they map plus
+    # the submission's allowance, and an import that starts a process (the CUDA build's runs `ldconfig -p`)
+    # must do so before the PID namespace exists, whose first child becomes its init.
+    import autograder.grading.wire  # noqa: F401
     report = confine(config)
-    import autograder.grading.wire  # noqa: F401  (import torch and numpy once, before the fork)
     server = Server(request_fd, response_fd, report, config["scratch"])
     init = os.fork()
     if init == 0:
