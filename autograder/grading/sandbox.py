@@ -12,17 +12,17 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import os
 import pickle
 import select
-import shutil
-import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -31,22 +31,29 @@ import numpy as np
 import torch
 
 import autograder
-from autograder.grading import scratch, server, wire
+from autograder.grading import cgroups, scratch, server, wire
 from autograder.grading import zygote as sandbox_zygote
+from autograder.grading.watchdog import Watchdog
 
 PACKAGE_DIR = Path(autograder.__file__).resolve().parent
 MAX_ANSWER_BYTES = 64 << 20     # a reply's JSON (the files a call hands back come apart: autograder.grading.scratch)
-_SYSTEM_READABLE = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev", "/opt"]
+# What a sandbox may read besides the Python installation and the autograder package: the system's
+# libraries and settings, its own /proc, the devices, and of /sys what describes the hardware (torch and
+# OpenBLAS read the CPU topology, gloo the PCI devices) but not /sys/fs, where every sandbox's cgroup
+# figures (one sandbox could read what another does) or /sys/kernel.
+_SYSTEM_READABLE = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/opt", "/proc",
+                    "/sys/devices", "/sys/bus", "/sys/class", "/dev"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    memory_bytes: int = 3 << 30       # address space per process (a notebook with torch maps ~0.8 GB)
+    memory_bytes: int = 3 << 30       # address space a process may map beyond what Python and torch map at start
     processes: int = 128              # a fork bomb stops here
     file_bytes: int = 1 << 30         # largest file it may write
     cpu_seconds: int = 900
     open_files: int = 1024
-    memory_total_bytes: int = 6 << 30  # all its processes together, its tmpfs files included (memory cgroup)
+    memory_total_bytes: int = 6 << 30  # all its processes together, its tmpfs files included (memory cgroup;
+                                       # without one, the judge's watchdog bounds what its processes hold)
     disk_bytes: int = 1 << 30         # its tmpfs: home, temp folder and the check's scratch folders
     shm_bytes: int = 512 << 20        # its own /dev/shm (DataLoader workers pass tensors through it)
 
@@ -124,10 +131,10 @@ class RemoteCallable(RemoteObject):
 class Sandbox:
     """One confined Python process (and everything it starts) with its own working directory."""
 
-    def __init__(self, limits: Limits = Limits(), cell_seconds: float = 60):
+    def __init__(self, limits: Limits = Limits(), cell_seconds: float = 60, protected: list[str] = ()):
         self.limits = limits
         self.cell_seconds = cell_seconds
-        self.workdir: Path | None = None
+        self.protected = [str(Path(p).resolve()) for p in protected] or default_protected()
         self.scratch: Path | None = None   # the judge's own folder for a check's files (see autograder.grading.scratch)
         self._synced: list = []            # the scratch folder as the sandbox last saw it
         self.process: subprocess.Popen | sandbox_zygote.Child | None = None
@@ -135,46 +142,68 @@ class Sandbox:
         self._cgroup: dict[str, str] | None = None
         self.deadline: float | None = None
         self.tampered: list[str] = []    # shared code the submission changed (and the sandbox put back)
+        self.watchdog: Watchdog | None = None
+        self.ended_by: str | None = None  # why the judge ended it (the watchdog's reason), for its report
+        self._lock = threading.Lock()     # the watchdog and the judge both may end the process
 
     # life cycle
     def start(self, timeout: float = 60) -> "Sandbox":
-        self.workdir = Path(tempfile.mkdtemp(prefix="workbook-sandbox-")).resolve()
-        self.scratch = Path(tempfile.mkdtemp(prefix="workbook-judge-")).resolve()
+        _sweep_once()
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"workbook-judge-{cgroups.owner_tag()}-")).resolve()
         self._synced = []
+        self.ended_by = None
         # The sandbox's home and temp folder lie beside the check's folders, on the one tmpfs it gets there:
         # a temp file renamed into a check's folder stays on one file system, as /tmp is in a kernel.
         home, tmp = self.scratch / scratch.HOME, self.scratch / scratch.TMP
         for folder in (home, home / "mpl", tmp):
             folder.mkdir()
-        self._cgroup = _make_cgroup(self.limits)
+        without = without_protections()
+        self._cgroup = {} if "cgroups" in without else cgroups.make(self.limits.processes, self.limits.memory_total_bytes)
         request_r, self._request_w = os.pipe()
         self._response_r, response_w = os.pipe()
+        log_r, log_w = os.pipe()       # its output: drained into a bounded tail by the watchdog, never a file
+        watched = None if "memory" in self._cgroup or "watchdog" in without else (
+            self.limits.memory_total_bytes - self.limits.disk_bytes - self.limits.shm_bytes)
+        self.watchdog = Watchdog(log_r, self._end, watched)
+        self.watchdog.start()
         config = {"limits": dataclasses.asdict(self.limits), "cgroup": self._cgroup,
-                  "scratch": str(self.scratch),
-                  "readable": _readable_paths(), "writable": ["/dev/shm", "/dev/null"]}
+                  "scratch": str(self.scratch), "protected": self.protected, "without": sorted(without),
+                  "readable": readable_paths(tuple(self.protected)), "writable": ["/dev/shm", "/dev/null"]}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
                "TMPDIR": str(tmp), "MPLCONFIGDIR": str(home / "mpl"), "MPLBACKEND": "Agg",
                "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
                "PYTHONPATH": str(PACKAGE_DIR.parent), "PYTHONWARNINGS": "ignore"}
         try:
-            with open(self.workdir / "output.log", "wb") as log:
-                if sandbox_zygote.available():     # forked from a process that imported torch: 2 s sooner
-                    self.process = sandbox_zygote.spawn(config, env, home, request_r, response_w, log.fileno())
-                else:
-                    self.process = subprocess.Popen(
-                        [sys.executable, "-m", "autograder.grading.server", str(request_r), str(response_w),
-                         json.dumps(config)], cwd=home, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                        stderr=subprocess.STDOUT, pass_fds=(request_r, response_w), start_new_session=True)
+            if sandbox_zygote.available():     # forked from a process that imported torch: 2 s sooner
+                self.process = sandbox_zygote.spawn(config, env, home, request_r, response_w, log_w)
+            else:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "autograder.grading.server", str(request_r), str(response_w),
+                     json.dumps(config)], cwd=home, env=env, stdin=subprocess.DEVNULL, stdout=log_w,
+                    stderr=subprocess.STDOUT, pass_fds=(request_r, response_w), start_new_session=True)
         finally:
-            os.close(request_r)
-            os.close(response_w)
-        self.confinement = self._receive(time.monotonic() + timeout)["ready"]
+            for fd in (request_r, response_w, log_w):
+                os.close(fd)
+        self.watchdog.root = self.process.pid
+        try:
+            ready = self._receive(time.monotonic() + timeout)["ready"]
+        except SandboxDied as exc:
+            tail = self.watchdog.tail().strip().splitlines()[-3:]
+            raise SandboxDied(f"the sandbox did not start: {exc}" + (f" (it printed: {' / '.join(tail)})"[:600]
+                                                                     if tail else "")) from None
+        self.confinement = dict(ready)
+        if watched is not None and self.confinement.get("memory") != "cgroup":
+            self.confinement["memory"] = (f"watchdog (the judge ends it past {watched / 2**30:.1f} GiB; "
+                                          f"no memory cgroup)")
         return self
 
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.process is not None:
-            if self.process.poll() is None:
-                self.process.kill()      # its init dies with it (PDEATHSIG), and the namespace with the init
+            with self._lock:
+                if self.process.poll() is None:
+                    self.process.kill()      # its init dies with it (PDEATHSIG), and the namespace with the init
             self.process.wait()
             for fd in (self._request_w, self._response_r):
                 try:
@@ -182,13 +211,22 @@ class Sandbox:
                 except OSError:
                     pass
             self.process = None
+        if self.watchdog is not None:
+            self.watchdog.join()
+            self.watchdog = None
         if self._cgroup:
-            _remove_cgroups(self._cgroup)
+            cgroups.remove(self._cgroup)
             self._cgroup = None
-        for folder in (self.workdir, self.scratch):
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
-        self.workdir = self.scratch = None
+        if self.scratch is not None:
+            scratch.remove_tree(str(self.scratch))
+        self.scratch = None
+
+    def _end(self, why: str) -> None:
+        """The watchdog's way to end the sandbox (from its thread): the reason goes in the report."""
+        with self._lock:
+            if self.process is not None and self.process.poll() is None:
+                self.ended_by = why
+                self.process.kill()
 
     def __enter__(self) -> "Sandbox":
         return self.start() if self.process is None else self
@@ -305,7 +343,8 @@ class Sandbox:
             files = answer.get("scratch")
             if files is not None:
                 if (not isinstance(files, list) or len(files) > scratch.MAX_ENTRIES
-                        or not all(isinstance(e, list) and len(e) == 4 and e[1] in ("dir", "file") for e in files)):
+                        or not all(isinstance(e, list) and len(e) == 4 and e[1] in ("dir", "file")
+                                   and isinstance(e[0], str) and e[0].count("/") < scratch.MAX_DEPTH for e in files)):
                     raise ValueError("not a folder listing")
                 answer["$blobs"], total = [], 0
                 for _ in [e for e in files if e[1] == "file"]:
@@ -337,20 +376,27 @@ class Sandbox:
         return b"".join(chunks)
 
     def close_process(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+        if self.process is not None:
+            with self._lock:
+                if self.process.poll() is None:
+                    self.process.kill()
             self.process.wait()
 
     def _died(self) -> SandboxDied:
         if self.process is None:
             return SandboxDied("the sandbox is not running")
-        return SandboxDied(server.ending(self.process.wait()))
+        ending = server.ending(self.process.wait())
+        return SandboxDied(f"{self.ended_by}, so the grader ended it" if self.ended_by else ending)
 
 
-def warm_up() -> None:
-    """Start the sandbox zygote now: grading processes forked after this share it."""
-    if sandbox_zygote.available():
-        Sandbox().start().close()
+def warm_up(protected: list[str] = ()) -> dict:
+    """Start a sandbox once (and with it the zygote, which grading processes forked after this share);
+    what confines it here, as its report says (``autograder.grading.protections`` reads it)."""
+    box = Sandbox(protected=protected).start()
+    try:
+        return box.confinement
+    finally:
+        box.close()
 
 
 def _update_in_place(target, value) -> None:
@@ -366,64 +412,92 @@ def _update_in_place(target, value) -> None:
             target.copy_(value)
 
 
-def _readable_paths() -> list[str]:
+WITHOUT = "WORKBOOK_SANDBOX_WITHOUT"
+KNOWN_WITHOUT = ("cgroups", "watchdog", "autogroup", "namespaces", "landlock", "seccomp")
+
+
+def without_protections() -> set[str]:
+    """Protections the grader's environment switches off (``WORKBOOK_SANDBOX_WITHOUT=landlock,seccomp``), so
+    an instructor can see what grading does on a machine that lacks them (it refuses, or with
+    --allow-unconfined records it): the tests use it too. A submission cannot set the grader's environment."""
+    asked = {part.strip() for part in os.environ.get(WITHOUT, "").split(",") if part.strip()}
+    unknown = asked - set(KNOWN_WITHOUT)
+    if unknown:
+        raise ValueError(f"{WITHOUT}: unknown protections {sorted(unknown)} (known: {', '.join(KNOWN_WITHOUT)})")
+    return asked
+
+
+def default_protected() -> list[str]:
+    """What no sandbox may read when the caller names nothing: this course's sources (with the hidden
+    tests), and the folder grading runs in (nbgrader's course folder: the gradebook, the submissions)."""
+    from autograder.course import SOLUTIONS_DIR
+    return [str(p) for p in dict.fromkeys((SOLUTIONS_DIR.resolve(), Path.cwd().resolve()))]
+
+
+@functools.lru_cache(maxsize=16)     # the same course is graded many times over; /etc does not change meanwhile
+def readable_paths(protected: tuple = ()) -> list[str]:
+    """The folders a sandbox may read: the system's, the Python installation's and the autograder package,
+    none of which may hold a protected path. Where one does (a course kept under /opt, or inside the Python
+    installation's folder), that folder is granted child by child, leaving out each branch that leads to a
+    protected path."""
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                 str(Path(sys.executable).resolve().parent.parent)}
-    return _SYSTEM_READABLE + sorted(prefixes) + [str(PACKAGE_DIR)]
+    wanted = _SYSTEM_READABLE + sorted(prefixes) + [str(PACKAGE_DIR)]
+    guarded = [Path(p) for p in protected]
+    granted: list[str] = []
+    for path in dict.fromkeys(wanted):
+        for folder in _around(Path(path), guarded):
+            # As root a sandbox is root in its namespace (without capabilities): it owns root's files. Of the
+            # folders any machine keeps secrets in, it gets what every user may read, not /etc/shadow.
+            granted += _world_readable(Path(folder)) if os.geteuid() == 0 and path in _SETTINGS else [folder]
+    return list(dict.fromkeys(granted))
 
 
-# ---- cgroups per sandbox (processes, memory), where the machine lets us make them ------------------
-
-def _cgroup_parent(controller: str) -> Path | None:
-    v1 = Path("/sys/fs/cgroup") / controller
-    if v1.is_dir() and os.access(v1, os.W_OK):
-        own = Path("/proc/self/cgroup").read_text()
-        rel = next((line.split(":", 2)[2] for line in own.splitlines()
-                    if controller in line.split(":", 2)[1].split(",")), "/")
-        parent = v1 / rel.lstrip("/")
-        if os.access(parent, os.W_OK):
-            return parent
-    return None
+_SETTINGS = ("/etc", "/opt")
 
 
-def _make_cgroup(limits: Limits) -> dict[str, str]:
-    """A group per controller: a fork bomb meets pids.max, and all its processes with their tmpfs files
-    meet one memory limit, so sandboxes graded side by side cannot starve each other."""
-    made = {}
-    name = f"workbook-sandbox-{os.getpid()}-{time.monotonic_ns()}"
-    for controller, settings in (("pids", {"pids.max": limits.processes}),
-                                 ("memory", {"memory.limit_in_bytes": limits.memory_total_bytes})):
-        parent = _cgroup_parent(controller)
-        if parent is None:
-            continue
-        path = parent / name
-        try:
-            path.mkdir()
-            for key, value in settings.items():
-                (path / key).write_text(str(value))
-        except OSError:
-            _remove_cgroup(path)
-            continue
-        made[controller] = str(path)
-    return made
+def _world_readable(path: Path, depth: int = 0) -> list[str]:
+    """``path`` if every user may read it and all below it; else the parts below that every user may read."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return []
+    if not path.is_dir():
+        return [str(path)] if mode & 0o004 else []
+    if mode & 0o005 != 0o005 or depth > 8:
+        return []
+    try:
+        children = sorted(path.iterdir())
+    except OSError:
+        return []
+    parts = [_world_readable(child, depth + 1) for child in children]
+    if all(part == [str(child)] for part, child in zip(parts, children)):
+        return [str(path)]
+    return [p for part in parts for p in part]
 
 
-def _remove_cgroups(groups: dict[str, str]) -> None:
-    for path in groups.values():
-        _remove_cgroup(Path(path))
+def _around(folder: Path, guarded: list[Path]) -> list[str]:
+    """``folder``, or, where a guarded path lies in it (or is it), its children but that branch, recursively."""
+    inside = [g for g in guarded if g == folder or folder in g.parents]
+    if not inside:
+        return [str(folder)]
+    if any(g == folder for g in inside) or not folder.is_dir() or folder.is_symlink():
+        return []
+    granted = []
+    try:
+        children = sorted(folder.iterdir())
+    except OSError:
+        return []
+    for child in children:
+        granted += _around(child, inside)
+    return granted
 
 
-def _remove_cgroup(path: Path) -> None:
-    for _ in range(100):          # its processes may take a moment to be reaped
-        if not path.exists():     # never made (mkdir failed), or gone
-            return
-        try:
-            path.rmdir()
-            return
-        except OSError:
-            for pid in (path / "cgroup.procs").read_text().split() if path.exists() else []:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.02)
+_swept: list[int] = []
+
+
+def _sweep_once() -> None:
+    """Once per grading process: remove what graders that died left behind (and groups still pending)."""
+    if os.getpid() not in _swept:
+        _swept.append(os.getpid())
+        cgroups.sweep()

@@ -14,13 +14,14 @@ stood where a check looks is, for the check, no file at all). Sizes are bounded.
 
 from __future__ import annotations
 
+import itertools
 import os
-import shutil
 import stat
 
 HOME, TMP = ".sandbox-home", ".sandbox-tmp"   # the sandbox's own, beside the check's folders: never copied
 MAX_BYTES = 256 << 20      # what a sandbox may hand back at once (its tmpfs holds more: it says so)
 MAX_ENTRIES = 10_000
+MAX_DEPTH = 32             # folders within folders: a deeper tree is not a checkpoint, and costs the grader
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -32,6 +33,9 @@ def fingerprint(root: str) -> list:
     """What the tree holds, cheaply: (path, kind, size, mtime) of every entry, links not followed."""
     seen = []
     for rel, st in _walk(root):
+        if st is None:
+            seen.append((rel, "too deep"))
+            break
         seen.append((rel, stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ino))
         if len(seen) > MAX_ENTRIES:
             break
@@ -44,6 +48,8 @@ def pack(root: str) -> tuple[list, list[bytes]]:
     for rel, st in _walk(root):
         if len(entries) >= MAX_ENTRIES:
             raise TooLarge(f"more than {MAX_ENTRIES} files")
+        if st is None:
+            raise TooLarge(f"folders nested deeper than {MAX_DEPTH}")
         if stat.S_ISDIR(st.st_mode):
             entries.append([rel, "dir", st.st_mtime_ns, 0])
         elif stat.S_ISREG(st.st_mode):
@@ -89,17 +95,95 @@ def unpack(root: str, entries: list, blobs: list[bytes]) -> None:
 
 def clear(root: str) -> None:
     """Empty ``root`` (kept itself); links inside are removed, never followed."""
-    with os.scandir(root) as entries:
-        for entry in entries:
-            if entry.name in (HOME, TMP):
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        _empty(fd, keep=(HOME, TMP))
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: str) -> None:
+    """Remove ``path`` and all below it, however deep, following no link; what cannot go stays.
+
+    Not shutil.rmtree: before Python 3.12 it recurses once per folder level, and a tree deep enough (a
+    submission can make one) raises RecursionError in the grader's own clean-up."""
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        parent_fd = os.open(parent, _DIR_FLAGS)
+    except OSError:
+        return
+    try:
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except OSError:          # not a folder (or gone): a file or a link is simply unlinked
+            _unlink(parent_fd, name)
+            return
+        try:
+            _empty(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.rmdir(name, dir_fd=parent_fd)
+        except OSError:
+            pass
+    finally:
+        os.close(parent_fd)
+
+
+def _empty(root_fd: int, keep: tuple = ()) -> None:
+    """Remove everything inside the folder ``root_fd``, keeping the names in ``keep``.
+
+    However deep the tree, no more than two folders are open at once: each pass moves the folders found
+    inside a top-level folder up to the top (a rename, within one file system), deletes that folder's
+    other entries and then the folder, until no folder is left."""
+    token = os.urandom(6).hex()
+    moved = itertools.count()
+    while True:
+        progress = False
+        for name in _names(root_fd, keep):
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+            except OSError:              # a file, a link, a device: unlinked (a link is never followed)
+                progress |= _unlink(root_fd, name)
                 continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)    # fd-based on Linux: follows no link
-            else:
-                try:
-                    os.unlink(entry.path)
-                except OSError:
-                    pass
+            try:
+                for inner in _names(child):
+                    try:
+                        is_dir = stat.S_ISDIR(os.stat(inner, dir_fd=child, follow_symlinks=False).st_mode)
+                    except OSError:
+                        continue
+                    if not is_dir:
+                        progress |= _unlink(child, inner)
+                        continue
+                    try:
+                        os.rename(inner, f".removing-{token}-{next(moved)}", src_dir_fd=child, dst_dir_fd=root_fd)
+                        progress = True
+                    except OSError:
+                        pass
+            finally:
+                os.close(child)
+            try:
+                os.rmdir(name, dir_fd=root_fd)
+                progress = True
+            except OSError:
+                pass
+        if not progress:
+            return
+
+
+def _names(fd: int, keep: tuple = ()) -> list[str]:
+    try:
+        return [n for n in os.listdir(fd) if n not in keep]
+    except OSError:
+        return []
+
+
+def _unlink(dir_fd: int, name: str) -> bool:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False
 
 
 def _walk(root: str):
@@ -116,6 +200,9 @@ def _walk(root: str):
         for entry in found:
             if not rel_dir and entry.name in (HOME, TMP):
                 continue
+            if rel_dir.count("/") + 1 > MAX_DEPTH:       # deeper than that is listed as one entry, not walked
+                yield os.path.join(rel_dir, entry.name), None
+                break
             rel = os.path.join(rel_dir, entry.name) if rel_dir else entry.name
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -130,7 +217,7 @@ def _walk(root: str):
 def _open_parent(root_fd: int, rel: str) -> tuple[int, str]:
     """A descriptor of ``rel``'s folder, reached from ``root_fd`` one name at a time, no link followed."""
     *folders, name = rel.split("/")
-    if name in ("", ".", "..") or any(part in ("", ".", "..") for part in folders):
+    if name in ("", ".", "..") or any(part in ("", ".", "..") for part in folders) or len(folders) >= MAX_DEPTH:
         raise ValueError(f"refused path {rel!r}")
     fd = root_fd
     for part in folders:

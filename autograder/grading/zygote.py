@@ -71,6 +71,11 @@ class Child:
         os.close(self.pidfd)
 
 
+def started() -> bool:
+    """This process, or the one it was forked from, has a zygote already."""
+    return bool(_zygote)
+
+
 def available() -> bool:
     return sys.platform == "linux" and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
 
