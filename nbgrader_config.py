@@ -11,6 +11,7 @@ from nbgrader.preprocessors import Execute, GetGrades
 
 from autograder.contract import DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS
 from autograder.grading.nbgrader_plugins import JudgeInSandbox, RedactHiddenTests
+from autograder.grading.nbgrader_plugins import RecordUnconfined, SubmissionExporter
 
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
@@ -27,8 +28,11 @@ c.Execute.extra_arguments = KERNEL_EXTRA_ARGUMENTS
 # the judge, not from a kernel the submission controls (autograder/grading/judge.py; threat model in docs/grading.md).
 # nbgrader's own list, with JudgeInSandbox in place of Execute.
 c.Autograde.autograde_preprocessors = [JudgeInSandbox if step is Execute else step
-                                       for step in Autograde.class_traits()["autograde_preprocessors"].default()]
+                                       for step in Autograde.class_traits()["autograde_preprocessors"].default()
+                                       ] + [RecordUnconfined]
 c.JudgeInSandbox.timeout = DEFAULT_CELL_TIMEOUT
+# A submitted file that is not a notebook: every test cell scores zero, saying why (not a traceback).
+c.Autograde.exporter_class = SubmissionExporter
 
 # Feedback shows failure messages, not hidden test code or its tracebacks.
 c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, RedactHiddenTests]

@@ -76,6 +76,8 @@ def failure_kind(message: str) -> str:
         return NO_MESSAGE
     if message.startswith("not answered yet"):
         return NOT_ANSWERED
+    if message.startswith("NotGradable"):
+        return UNGRADABLE
     if "is not defined: the answer cell" in message or "is missing from the notebook" in message:
         return MISSING
     if message.startswith(("GradingError", "SubmissionStopped", "this cell was stopped after", "the kernel died",

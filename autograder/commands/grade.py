@@ -66,9 +66,8 @@ from traitlets import Integer
 
 from autograder.contract import DEFAULT_CELL_TIMEOUT, read_notebook, with_tools_on_path
 from autograder.course import matching
-from autograder.grading import sandbox
+from autograder.grading import protections, sandbox, zygote
 from autograder.grading.nbgrader_plugins import JudgeInSandbox
-from autograder.grading.zygote import import_dynamo
 
 from .check import CellRunner
 
@@ -89,6 +88,8 @@ class SubmissionJob:
     cell_timeout: int = DEFAULT_CELL_TIMEOUT
     log_path: str | None = None
     scheduler: str = ""  # a Dask scheduler: the judging happens on its workers (grading/cluster.py)
+    parallel: bool = False          # other submissions are judged beside it on this machine
+    allow_unconfined: bool = False  # grade even where a protection is missing (recorded with each grade)
 
 
 @dataclasses.dataclass
@@ -129,7 +130,8 @@ def _autograde(job: SubmissionJob, robust: bool) -> int:
     argv = [job.assignment, "--student", job.student, "--force", "--create",
             f"--CourseDirectory.root={job.course}", f"--CourseDirectory.db_url={job.db_url}",
             f"--Execute.timeout={job.cell_timeout}", f"--JudgeInSandbox.timeout={job.cell_timeout}",
-            f"--JudgeInSandbox.scheduler={job.scheduler}"]
+            f"--JudgeInSandbox.scheduler={job.scheduler}", f"--JudgeInSandbox.parallel={job.parallel}",
+            f"--JudgeInSandbox.allow_unconfined={job.allow_unconfined}"]
     os.chdir(job.course)  # nbgrader reads nbgrader_config.py from the working folder (we are a child)
     app = AutogradeApp()
     app.initialize(argv)
@@ -160,15 +162,18 @@ def grade_submission(job: SubmissionJob) -> SubmissionOutcome:
     start = time.monotonic()
     course = Path(job.course)
     JudgeInSandbox.stopped = []
+    submitted = submitted_notebooks(course, job.assignment, job.student)
+    unreadable = [why for why in (read_notebook(path)[1] for path in submitted) if why]
     if _autograde(job, robust=False) == 0:
+        if unreadable:       # nbgrader scored it zero cell by cell (the course's SubmissionExporter)
+            return SubmissionOutcome(job.student, "failed", time.monotonic() - start,
+                                     "; ".join(unreadable) + ": every test cell scored zero")
         # The judge stops a hanging or process-killing cell and goes on; the instructor hears which.
         note = "; ".join(JudgeInSandbox.stopped) or None
         return SubmissionOutcome(job.student, "graded", time.monotonic() - start, note)
     if _log_mentions(job, DATABASE_LOCKED):  # not the submission's fault: the caller grades it again
         return SubmissionOutcome(job.student, "failed", time.monotonic() - start,
                                  f"the gradebook stayed busy ({DATABASE_LOCKED})")
-    submitted = submitted_notebooks(course, job.assignment, job.student)
-    unreadable = [why for why in (read_notebook(path)[1] for path in submitted) if why]
     if not unreadable:
         RobustExecute.problems = {}
         if _autograde(job, robust=True) == 0:
@@ -217,7 +222,9 @@ def _die_with_parent() -> None:
 
 
 def _child_main(grade: Callable, job: SubmissionJob, conn) -> None:
-    os.setpgid(0, 0)  # its own group: a stop signal reaches it and nothing else
+    # Its own session (so its own process group: a stop signal reaches it and nothing else). Where the
+    # scheduler shares the CPU by session (autogroup), each judge then gets its share, as each sandbox does.
+    os.setsid()
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -299,10 +306,11 @@ def run_class(jobs: list[SubmissionJob], workers: int, grade: Callable = grade_s
     """
     context = multiprocessing.get_context("fork")
     if not any(job.scheduler for job in jobs):   # judged here, not on a cluster's workers
-        sandbox.warm_up()     # every child forked below starts its sandboxes from this one zygote
+        if not zygote.started():
+            sandbox.warm_up()     # every child forked below starts its sandboxes from this one zygote
         # The judge trains reference models with torch.optim, whose first step imports torch._dynamo (1.3 s):
         # once here, not in every child (it starts no thread, so forking stays safe).
-        import_dynamo()
+        zygote.import_dynamo()
     pending = list(reversed(jobs))
     running: dict[int, _Running] = {}
     outcomes: list[SubmissionOutcome] = []
@@ -457,7 +465,7 @@ class GradingRecord:
 def grade_assignment(course: Path, assignment: str, settings: dict, workers: int, cell_timeout: int,
                      students: list[str] | None = None, regrade: bool = False,
                      submission_timeout: float | None = None, quiet: bool = False,
-                     scheduler: str = "") -> list[SubmissionOutcome]:
+                     scheduler: str = "", allow_unconfined: bool = False) -> list[SubmissionOutcome]:
     """Grade every (or the chosen) submission of one assignment; returns the outcomes of all of them."""
     db_url = sqlite_with_busy_timeout(settings["db_url"])
     with Gradebook(db_url) as gb:
@@ -479,8 +487,9 @@ def grade_assignment(course: Path, assignment: str, settings: dict, workers: int
         print(f"{assignment}: {len(chosen)} submissions, {len(todo)} to grade"
               + (f" ({skipped} already graded and unchanged; --regrade grades them again)" if skipped else "")
               + f", {min(workers, max(len(todo), 1))} at a time", flush=True)
+    parallel = not scheduler and min(workers, len(todo)) > 1
     jobs = [SubmissionJob(str(course), assignment, s, db_url, cell_timeout, str(reports / "logs" / f"{s}.log"),
-                          scheduler) for s in todo]
+                          scheduler, parallel, allow_unconfined) for s in todo]
     progress = None if quiet else Progress(len(jobs))
     try:
         run_class(jobs, workers, submission_timeout=submission_timeout, progress=progress,
@@ -498,23 +507,47 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def cluster_workers(address: str) -> int:
-    """The workers of the cluster that hold this course (others are refused, each with the reason); ends
-    the command when the scheduler does not answer or no worker holds this course."""
+def confinement_here(course: Path, parallel: bool, allow_unconfined: bool) -> list[str]:
+    """Start one sandbox (and the zygote the grading children share), print what confines it, and refuse
+    (ConfinementRefused) where a protection is missing, unless allowed; what is missing."""
+    confinement = sandbox.warm_up(protected=[str(course)])
+    print(f"workbook-grade: {protections.summary(confinement)}", flush=True)
+    lacking = protections.enforce(confinement, parallel, allow_unconfined)
+    if lacking:
+        print(f"workbook-grade: {protections.unconfined_note(lacking)}", file=sys.stderr, flush=True)
+    return lacking
+
+
+def cluster_workers(address: str, wait_seconds: float = 60) -> int:
+    """The workers of the cluster that hold this course (others are refused, each with the reason), waited
+    for up to ``wait_seconds`` (workers started with the scheduler register a few seconds later); ends the
+    command when the scheduler does not answer or no worker of this course came."""
     from autograder.grading.cluster import ClusterError, check_workers, connect
 
     try:
         client = connect(address)
     except ClusterError as exc:
         raise SystemExit(f"workbook-grade: {exc}") from None
+    deadline = time.monotonic() + wait_seconds
     try:
         accepted, refused = check_workers(client)
+        if not accepted and wait_seconds > 0:
+            print(f"workbook-grade: waiting up to {wait_seconds:g} s for a worker of this course at {address} "
+                  f"(--wait-for-workers)", file=sys.stderr, flush=True)
+        while not accepted and time.monotonic() < deadline:
+            try:                   # Dask's own wait for a worker to register, then: does it hold this course?
+                client.wait_for_workers(len(client.scheduler_info()["workers"]) + 1,
+                                        timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+            except (TimeoutError, OSError):
+                pass
+            accepted, refused = check_workers(client)
     finally:
         client.close()   # the grading children connect on their own: a client does not survive a fork
     for line in refused:
         print(f"workbook-grade: refused worker {line}", file=sys.stderr)
     if not accepted:
         raise SystemExit(f"workbook-grade: no worker of {address} holds this course"
+                         + (f" (waited {wait_seconds:g} s)" if wait_seconds > 0 else "")
                          + ("" if refused else ": start some with `python3 workbook.py worker " + address + "`"))
     print(f"workbook-grade: {len(accepted)} workers of {address} grade", flush=True)
     return len(accepted)
@@ -530,25 +563,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scheduler", default="",
                         help="judge on the workers of this Dask scheduler, tcp://HOST:PORT (workbook-worker); "
                              "this machine still writes the gradebook")
+    parser.add_argument("--wait-for-workers", type=float, default=60, metavar="SECONDS",
+                        help="with --scheduler: how long to wait for a worker of this course (default %(default)s)")
     parser.add_argument("--students", nargs="+", help="grade only these students")
     parser.add_argument("--timeout", type=int, default=DEFAULT_CELL_TIMEOUT, help="seconds allowed per cell")
     parser.add_argument("--submission-timeout", type=float, default=None,
                         help="seconds allowed per submission in all (default: no limit beyond the per-cell one)")
     parser.add_argument("--regrade", action="store_true", help="grade again submissions already graded")
     parser.add_argument("--no-summary", action="store_true", help="skip the per-trap class summary")
+    parser.add_argument("--allow-unconfined", action="store_true",
+                        help="grade even where this machine lacks a protection of the sandbox (it says which); "
+                             "each grade records what was missing")
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    workers = args.jobs or (cluster_workers(args.scheduler) if args.scheduler else default_workers())
+    workers = args.jobs or (cluster_workers(args.scheduler, args.wait_for_workers) if args.scheduler
+                            else default_workers())
 
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        print("workbook-grade: running as root. Grade as an unprivileged user that owns the course folder: "
-              "the sandbox confines each submission, but a machine without user namespaces or Landlock leaves "
-              "it the grading user's rights, and root's are everyone's (see docs/grading.md).",
-              file=sys.stderr)
     course = Path(args.course).resolve()
     if not (course / "nbgrader_config.py").exists():
         raise SystemExit(f"workbook-grade: {course} has no nbgrader_config.py: is it the course folder?")
+    if not args.scheduler:     # judged here: say what confines each submission, or refuse (docs/grading.md)
+        try:
+            confinement_here(course, parallel=workers > 1, allow_unconfined=args.allow_unconfined)
+        except protections.ConfinementRefused as refused:
+            print(f"workbook-grade: {refused}", file=sys.stderr)
+            return 2
     # nbgrader shells out to `alembic` for a new gradebook: our environment's bin/ must come first.
     os.environ.update(with_tools_on_path())
     settings = course_settings(course)
@@ -558,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     for assignment in find_assignments(course, args.assignments):
         try:
             outcomes = grade_assignment(course, assignment, settings, workers, args.timeout, args.students,
-                                        args.regrade, args.submission_timeout, scheduler=args.scheduler)
+                                        args.regrade, args.submission_timeout, scheduler=args.scheduler,
+                                        allow_unconfined=args.allow_unconfined)
         except Interrupted:
             print("\nworkbook-grade: interrupted; the gradebook is consistent. Run the same command again "
                   "to grade what is left.", file=sys.stderr)

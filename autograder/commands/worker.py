@@ -3,6 +3,7 @@
     workbook-worker tcp://10.0.0.5:8786                  # one grading process per core
     workbook-worker tcp://10.0.0.5:8786 --nworkers 4     # or as many as you say
     workbook-worker tcp://10.0.0.5:8786 --host 10.0.0.7  # further options go to `dask worker`
+    workbook-worker tcp://10.0.0.5:8786 --allow-unconfined   # grade even where a protection is missing
 
 Runs Dask's own ``dask worker`` with one thread per process (the judge bounds its memory per
 process), offering the Dask resource named after this course's fingerprint
@@ -10,6 +11,11 @@ process), offering the Dask resource named after this course's fingerprint
 Each worker process starts the sandbox zygote at once (``dask_setup``), so the first submission
 does not wait for torch to import. With a scheduler on this machine's loopback the worker listens
 on loopback too.
+
+Each worker process says at its start what confines a submission on this machine, and refuses to start
+where a protection is missing (``autograder.grading.protections``; several worker processes on one
+machine judge side by side, so each sandbox then also needs CPU and processes of its own), unless it was
+started with ``--allow-unconfined``: its grades then record what was missing.
 """
 
 from __future__ import annotations
@@ -40,12 +46,17 @@ def dask_setup(worker) -> None:
     """Dask's preload hook, in each worker process: the course it holds is the one it starts with (the
     fingerprint is remembered now, as the resource it offers was made from it), and the sandbox zygote
     starts now, not at the first submission."""
-    from autograder.grading import cluster, sandbox
+    from autograder.grading import cluster, protections, sandbox
 
     offered = cluster.course_resource()
     if offered not in worker.state.total_resources:
         raise RuntimeError(f"the course changed while this worker started (it now holds {offered}): start it again")
-    sandbox.warm_up()
+    policy = cluster.worker_policy()
+    confinement = sandbox.warm_up()
+    print(f"workbook-worker {worker.address}: {protections.summary(confinement)}", file=sys.stderr, flush=True)
+    lacking = protections.enforce(confinement, policy.parallel, policy.allow_unconfined)   # refuses to start
+    if lacking:
+        print(f"workbook-worker: {protections.unconfined_note(lacking)}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,10 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("scheduler", help="the Dask scheduler's address, tcp://HOST:PORT")
     parser.add_argument("--nworkers", type=int, default=default_workers(),
                         help="grading processes on this machine (default: one per core, here %(default)s)")
+    parser.add_argument("--allow-unconfined", action="store_true",
+                        help="grade even where this machine lacks a protection of the sandbox (it says which); "
+                             "each grade records what was missing")
     args, extra = parser.parse_known_args(argv)
+    from autograder.grading.cluster import WORKER_ALLOW_UNCONFINED, WORKER_PARALLEL
     command = dask_worker_command(args.scheduler, args.nworkers, extra)
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{WORKER_PARALLEL: "1" if args.nworkers > 1 else "0",
+                                                  WORKER_ALLOW_UNCONFINED: "1" if args.allow_unconfined else "0"})
     try:
-        return subprocess.call(command, env=with_tools_on_path(dict(os.environ, OMP_NUM_THREADS="1")))
+        return subprocess.call(command, env=with_tools_on_path(env))
     except KeyboardInterrupt:
         return 130
 

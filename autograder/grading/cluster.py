@@ -20,13 +20,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 
 import nbformat
 
 from autograder.contract import is_test_cell, nbgrader_meta
 from autograder.course import NOTEBOOKS, REPO_ROOT
-from autograder.grading.judge import NOT_GRADABLE, Judgement, Verdict, error_output, judge_notebook
+from autograder.grading.judge import NOT_GRADABLE, Judgement, Policy, Verdict, error_output, judge_notebook
 
 RESOURCE_PREFIX = "workbook-course-"
 CONNECT_SECONDS = 10
@@ -84,9 +85,20 @@ def check_workers(client) -> tuple[list[str], list[str]]:
     return accepted, refused
 
 
+# What a grading worker was started with (workbook-worker sets both for its Dask worker processes).
+WORKER_PARALLEL, WORKER_ALLOW_UNCONFINED = "WORKBOOK_WORKER_PARALLEL", "WORKBOOK_ALLOW_UNCONFINED"
+
+
+def worker_policy() -> Policy:
+    """A worker's sandboxes protect its own course checkout; several worker processes on a machine judge
+    side by side."""
+    return Policy(parallel=os.environ.get(WORKER_PARALLEL) == "1",
+                  allow_unconfined=os.environ.get(WORKER_ALLOW_UNCONFINED) == "1")
+
+
 def judge_on_worker(notebook: str, cell_seconds: float) -> Judgement:
     """On a worker: the judgement of one prepared submission (its notebook as JSON)."""
-    return judge_notebook(nbformat.reads(notebook, as_version=4), cell_seconds=cell_seconds)
+    return judge_notebook(nbformat.reads(notebook, as_version=4), cell_seconds=cell_seconds, policy=worker_policy())
 
 
 SUBMISSIONS_TO_DASK = 2

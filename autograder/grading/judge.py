@@ -38,6 +38,7 @@ import torch
 from autograder.contract import (DEFAULT_CELL_TIMEOUT, exercise_of, failure_message, is_answer_cell, is_test_cell,
                                  nbgrader_meta)
 from autograder.course import CHECK_MODULES
+from autograder.grading import protections
 from autograder.grading.sandbox import Limits, Sandbox, SandboxDied
 
 # Check modules whose test cells run in the judge, calling into the sandbox: every notebook's.
@@ -60,6 +61,7 @@ class Judgement:
     cell_errors: dict[int, dict]    # code cell index -> error output of a non-test cell
     confinement: dict
     seconds: float
+    unconfined: list[str] = dataclasses.field(default_factory=list)   # protections missing, graded anyway
 
     @property
     def stopped(self) -> list[str]:
@@ -111,11 +113,24 @@ def error_output(ename: str, evalue: str) -> dict:
     return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
 
 
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Where and how a notebook is judged: what its sandboxes must not read, whether others are judged beside
+    it on this machine (then each sandbox needs CPU and processes of its own), and whether the instructor
+    allowed grading on a machine that lacks a protection (``autograder.grading.protections``)."""
+    protected: tuple = ()
+    parallel: bool = False
+    allow_unconfined: bool = False
+
+
 class Judge:
-    def __init__(self, nb, cell_seconds: float = DEFAULT_CELL_TIMEOUT, limits: Limits = Limits()):
+    def __init__(self, nb, cell_seconds: float = DEFAULT_CELL_TIMEOUT, limits: Limits = Limits(),
+                 policy: Policy = Policy()):
         self.nb = nb
         self.cell_seconds = cell_seconds
         self.limits = limits
+        self.policy = policy
+        self.unconfined: list[str] | None = None     # what its first sandbox lacked (checked once)
         self.sandbox: Sandbox | None = None
         self.good: list[tuple[int, str]] = []       # program cells that ran without killing the sandbox
         self.confinement: dict = {}
@@ -150,14 +165,18 @@ class Judge:
         finally:
             self._stop()
             torch.set_num_threads(threads)
-        return Judgement(verdicts, self.cell_errors, self.confinement, time.perf_counter() - started)
+        return Judgement(verdicts, self.cell_errors, self.confinement, time.perf_counter() - started,
+                         self.unconfined or [])
 
     # the sandbox, kept running across cells
     def _ensure_sandbox(self) -> Sandbox:
         while self.sandbox is None or not self.sandbox.alive:
             self._stop()
-            self.sandbox = Sandbox(self.limits, self.cell_seconds).start()
+            self.sandbox = Sandbox(self.limits, self.cell_seconds, self.policy.protected).start()
             self.confinement = self.sandbox.confinement
+            if self.unconfined is None:       # refuses (ConfinementRefused) unless the instructor allowed it
+                self.unconfined = protections.enforce(self.confinement, self.policy.parallel,
+                                                      self.policy.allow_unconfined)
             for index, source in list(self.good):
                 try:
                     self.sandbox.request("exec", source, f"<cell {index}>")
@@ -342,8 +361,9 @@ def _time_limit_in_a_thread(seconds: float):
                 set_async_exc(target, None)
 
 
-def judge_notebook(nb, cell_seconds: float = DEFAULT_CELL_TIMEOUT, limits: Limits = Limits()) -> Judgement:
-    return Judge(nb, cell_seconds, limits).run()
+def judge_notebook(nb, cell_seconds: float = DEFAULT_CELL_TIMEOUT, limits: Limits = Limits(),
+                   policy: Policy = Policy()) -> Judgement:
+    return Judge(nb, cell_seconds, limits, policy).run()
 
 
 def apply_judgement(nb, judgement: Judgement) -> None:
