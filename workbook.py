@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -52,9 +53,44 @@ def ensure_environment() -> None:
             raise SystemExit("[workbook] could not create a virtual environment with pip in it. On Debian "
                              "or Ubuntu, install the python3-venv package first.") from None
     say("installing the workbook and its dependencies (first run only; torch is the big one)")
+    install_cpu_torch()
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     "-e", f"{ROOT}[dev]"], check=True)
     STAMP.write_text(wanted)
+
+
+# The release the notebooks were written on: where the PyTorch CPU index cannot be reached, pip takes it
+# from the machine's own wheels or from PyPI (on Linux that is the CUDA build, several GB).
+FALLBACK_TORCH = "torch==2.13.0"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def install_cpu_torch() -> None:
+    """Put the small CPU build of torch in .venv before the project (which then finds it there), unless a
+    torch of the declared range is there already. pip's default wheel on Linux bundles CUDA: several GB
+    that nothing in this course uses."""
+    declared = re.search(r'^\s*"(torch[<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    present = subprocess.run([str(PYTHON), "-c", "import importlib.metadata as m, sys; from pip._vendor.packaging"
+                              f".specifiers import SpecifierSet; sys.exit(m.version('torch') not in "
+                              f"SpecifierSet('{declared[len('torch'):]}'))"], capture_output=True)
+    if present.returncode == 0:
+        return
+    pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    if _reachable(CPU_INDEX):
+        say(f"installing the CPU build of torch from {CPU_INDEX}")
+        if subprocess.run(pip + ["--index-url", CPU_INDEX, declared]).returncode == 0:
+            return
+    say(f"the PyTorch CPU index is out of reach: installing {FALLBACK_TORCH} as pip finds it")
+    subprocess.run(pip + [FALLBACK_TORCH], check=True)
+
+
+def _reachable(url: str) -> bool:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url + "/torch/", timeout=5):
+            return True
+    except Exception:        # noqa: BLE001 (no network, a proxy, a firewall: any of them means no)
+        return False
 
 
 def tool_env() -> dict:
