@@ -47,6 +47,7 @@ SAYS = {
     "swelling_reply": "something unreadable into the grader's channel",
     "snoop_on_classmates": "processes and [] in /dev/shm",
     "shadow_a_method_and_silence_the_report": "changed code that the notebook and the grader share",
+    "deep_tree_for_the_judge": "nested deeper than",
     "syntax_error": "because its answer cell raised SyntaxError",
     "renamed_function": "the answer cell must define a function or class named exactly `epoch_order`",
 }
@@ -130,6 +131,9 @@ def test_nothing_was_written_outside_the_sandbox_and_the_gradebook_is_whole(grad
     course, _ = graded
     assert not ESCAPE.exists() and not (course / "hostile_was_here").exists()
     assert not Path("/dev/shm/for_the_next_student").exists()
+    # What the round-3 attacks tried to leave behind: SysV memory and a message queue (key 0x5EED).
+    assert not [line for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:] if line.split()[0] == str(0x5EED)]
+    assert not [line for line in Path("/proc/sysvipc/msg").read_text().splitlines()[1:] if line.split()[0] == str(0x5EED)]
     assert not any(p.is_symlink() for p in course.rglob("*"))
     with sqlite3.connect(course / "gradebook.db") as db:
         assert db.execute("pragma integrity_check").fetchone() == ("ok",)
@@ -169,3 +173,25 @@ def test_the_learners_own_self_check_can_be_fooled_which_is_why_grading_does_not
     result = grade_notebook(course / "submitted" / "patch_autograder_modules" / NAME / f"{NAME}.ipynb")
     fooled = [t.grade_id for t in result.tests if t.grade_id.startswith(f"test_{catalog.ATTACKED}") and t.passed]
     assert fooled
+
+
+def test_the_class_gets_the_same_gradebook_on_every_torch_build(graded):
+    """CI grades this class on two torch builds (.ci/run): the CPU build records its gradebook, pip's default
+    CUDA build must give the same score in every cell. Run alone, the test records or compares as asked."""
+    import os
+    course, _ = graded
+    book = {student: {cell: score for cell, (score, _) in scores(course, student).items()} for student in STUDENTS}
+    record, compare = os.environ.get("WORKBOOK_GRADEBOOK_RECORD"), os.environ.get("WORKBOOK_GRADEBOOK_COMPARE")
+    if not record and not compare:
+        pytest.skip("set WORKBOOK_GRADEBOOK_RECORD=FILE on one build and WORKBOOK_GRADEBOOK_COMPARE=FILE on another")
+    import torch
+    if record:
+        Path(record).write_text(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "gradebook": book},
+                                           indent=1, sort_keys=True))
+    if compare:
+        other = json.loads(Path(compare).read_text())
+        differ = {f"{student}/{cell}": (other["gradebook"].get(student, {}).get(cell), score)
+                  for student, cells in book.items() for cell, score in cells.items()
+                  if other["gradebook"].get(student, {}).get(cell) != score}
+        assert not differ, f"torch {other['torch']} (CUDA {other['cuda']}) vs {torch.__version__}: {differ}"
+        assert set(other["gradebook"]) == set(book)

@@ -108,7 +108,7 @@ def test_the_course_folder_is_out_of_reach(sandbox):
     assert run(sandbox, "open('mine.txt', 'w').write('its own folder is writable')") is None
     assert run(sandbox, "open('mine.txt').read()") is None
     if sandbox.confinement.get("folders") == "private tmpfs":    # its own tmpfs: nothing of it lands outside
-        assert not (sandbox.workdir / "mine.txt").exists()
+        assert not list(sandbox.scratch.rglob("mine.txt"))
 
 
 def test_a_memory_bomb_gets_an_error_not_the_machine(sandbox):
@@ -211,7 +211,10 @@ def test_a_sandbox_forked_by_the_zygote_is_confined_like_one_started_afresh(sand
     monkeypatch.setattr(sandbox_zygote, "available", lambda: False)
     with Sandbox(cell_seconds=20) as fresh:
         assert not isinstance(fresh.process, sandbox_zygote.Child)
-        assert fresh.confinement == sandbox.confinement
+        # The same protections; what Python and torch map at start differs by a few pages between the two.
+        assert {k: v for k, v in fresh.confinement.items() if k != "mapped"} == \
+            {k: v for k, v in sandbox.confinement.items() if k != "mapped"}
+        assert all(256 << 20 < box.confinement["mapped"] < 8 << 30 for box in (fresh, sandbox))
         assert run(fresh, "import os\nos.getcwd()") is None
         assert fresh.request("lookup", "os").__class__ is RemoteObject
 

@@ -55,12 +55,12 @@ def source_notebook(cells):
     return nb
 
 
-def run_nbgrader(course: Path, *args: str, timeout: int = 600):
+def run_nbgrader(course: Path, *args: str, timeout: int = 600, env: dict | None = None):
     """``nbgrader ARGS`` in ``course`` with this environment's bin/ first on PATH (for alembic)."""
     import subprocess
 
     return subprocess.run([str(Path(sys.executable).parent / "nbgrader"), *args], cwd=course, capture_output=True,
-                          text=True, timeout=timeout, env=with_tools_on_path())
+                          text=True, timeout=timeout, env=with_tools_on_path(env))
 
 
 def new_course(folder: Path, assignments: dict) -> Path:
