@@ -70,7 +70,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="grade even where this machine lacks a protection of the sandbox (it says which); "
                              "each grade records what was missing")
     args, extra = parser.parse_known_args(argv)
+    from autograder.grading import protections, sandbox, zygote
     from autograder.grading.cluster import WORKER_ALLOW_UNCONFINED, WORKER_PARALLEL
+    # Said and checked here, once, before Dask starts anything (each worker process checks again).
+    confinement = sandbox.warm_up()
+    zygote.stop()
+    print(f"workbook-worker: {protections.summary(confinement)}", file=sys.stderr, flush=True)
+    try:
+        protections.enforce(confinement, args.nworkers > 1, args.allow_unconfined)
+    except protections.ConfinementRefused as refused:
+        print(f"workbook-worker: {refused}", file=sys.stderr)
+        return 2
     command = dask_worker_command(args.scheduler, args.nworkers, extra)
     env = dict(os.environ, OMP_NUM_THREADS="1", **{WORKER_PARALLEL: "1" if args.nworkers > 1 else "0",
                                                   WORKER_ALLOW_UNCONFINED: "1" if args.allow_unconfined else "0"})

@@ -148,6 +148,13 @@ class Sandbox:
 
     # life cycle
     def start(self, timeout: float = 60) -> "Sandbox":
+        try:
+            return self._start(timeout)
+        except BaseException:          # nothing of a sandbox that did not start is left: process, thread, folders
+            self.close()
+            raise
+
+    def _start(self, timeout: float) -> "Sandbox":
         _sweep_once()
         self.scratch = Path(tempfile.mkdtemp(prefix=f"workbook-judge-{cgroups.owner_tag()}-")).resolve()
         self._synced = []

@@ -138,6 +138,7 @@ def _stop() -> None:
     _zygote.clear()
 
 
+stop = _stop        # end this process's zygote now (a process that started one only to check, say)
 atexit.register(_stop)
 
 

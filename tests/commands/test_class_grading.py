@@ -45,7 +45,8 @@ EXPECTED = {
     "crash": {"test_add": 1, "test_double": 0, "test_double_negative": 0},   # cells before the crash keep theirs
     "malformed": {"test_add": 0, "test_double": 0, "test_double_negative": 0},
 }
-NBGRADER_CAN_GRADE = ["correct", "wrong", "wrong2", "untouched", "hang", "crash"]  # all but the malformed
+# All of them: a file that is not a notebook gets zero in every cell from nbgrader too (SubmissionExporter).
+NBGRADER_CAN_GRADE = ["correct", "wrong", "wrong2", "untouched", "hang", "crash", "malformed"]
 POINTS = {"test_add": 1, "test_double": 2, "test_double_negative": 1}
 
 
@@ -167,7 +168,14 @@ def test_hang_crash_and_malformed_each_get_their_own_error(by_workbook_grade):
     assert status["hang"][0] == "graded" and "cell 2: this cell was stopped" in status["hang"][1]
     assert f"time limit ({CELL_TIMEOUT} s for a cell)" in status["hang"][1]
     assert status["malformed"][0] == "failed" and "could not be read as a notebook" in status["malformed"][1]
-    assert all(status[s] == ("graded", "") for s in NBGRADER_CAN_GRADE if s not in ("hang", "crash"))
+    assert all(status[s] == ("graded", "") for s in NBGRADER_CAN_GRADE if s not in ("hang", "crash", "malformed"))
+
+
+def test_nbgrader_autograde_gives_a_file_that_is_not_a_notebook_zero_with_the_reason(by_nbgrader):
+    nb = nbformat.read(by_nbgrader / "autograded" / "malformed" / NAME / f"{NAME}.ipynb", as_version=4)
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert len(errors) == 3 and all(o.ename == "NotGradable" and "could not be read as a notebook" in o.evalue
+                                    for o in errors)
 
 
 def test_crashed_and_malformed_submissions_are_not_left_for_manual_grading(by_workbook_grade):

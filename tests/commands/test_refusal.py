@@ -109,6 +109,7 @@ def test_a_grading_worker_refuses_to_start_on_a_machine_without_a_protection(tmp
                                  "--death-timeout", "20"], capture_output=True, text=True, timeout=240,
                                 env=dict(os.environ, **WITHOUT))
         said = worker.stdout + worker.stderr
+        assert worker.returncode == 2 and "Traceback" not in said, said[-3000:]
         assert "trusted grading refused" in said and "files: off" in said, said[-3000:]
         from distributed import Client
         with Client(address, timeout=10, set_as_default=False) as client:
