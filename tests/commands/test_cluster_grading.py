@@ -23,8 +23,9 @@ import pytest
 from autograder.contract import nbgrader_meta
 from autograder.course import REPO_ROOT
 from autograder.grading.cluster import course_resource
-from test_class_grading import (CELL_TIMEOUT, NAME, NBGRADER_CAN_GRADE, blank_course, by_nbgrader,  # noqa: F401
-                                copy_course, gradebook_rows)
+from notebook_files import fill_answers, submit
+from test_class_grading import (ANSWERS, CELL_TIMEOUT, NAME, NBGRADER_CAN_GRADE, blank_course,  # noqa: F401
+                                by_nbgrader, copy_course, gradebook_rows)
 
 PYTHON = sys.executable
 DASK = str(Path(sys.executable).parent / "dask")
@@ -32,6 +33,24 @@ KILLED_ONCE = "correct"        # its worker is killed in the middle of judging i
 POISON = "poison"              # every worker that judges it is killed
 POISON_DEATHS = 4              # two rounds of Dask's retries with allowed-failures = 1 (cluster.judge_remotely)
 OTHER_COURSE_CHANGE = ("autograder/start_here.py", "\n# another version of the course\n")
+# A hostile classmate judged on a worker: spinners that outlive its cell and a fork bomb to its ceiling.
+HOSTILE = "hostile"
+HOSTILE_ADD = """
+import os, time
+for _ in range(4):
+    if os.fork() == 0:
+        while True:
+            pass
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+    except OSError:
+        break
+def add(a, b):
+    return a - b
+"""
 
 
 def _start(command, log: Path, **kwargs) -> subprocess.Popen:
@@ -130,6 +149,8 @@ def cluster_graded(blank_course, tmp_path_factory):  # noqa: F811
                                 if course_resource() not in w["resources"])
         course = copy_course(blank_course, folder, NBGRADER_CAN_GRADE)
         shutil.copytree(course / "submitted" / "correct", course / "submitted" / POISON)
+        submit(course, HOSTILE, NAME, fill_answers(course / "notebooks" / NAME / f"{NAME}.ipynb",
+                                                  {"add": HOSTILE_ADD, "double": ANSWERS["correct"]["double"]}))
         _slow_down(course / "submitted" / POISON / NAME / f"{NAME}.ipynb")
         killer = WorkerKiller(address, {KILLED_ONCE: 1, POISON: POISON_DEATHS})
         killer.start()
@@ -147,7 +168,10 @@ def cluster_graded(blank_course, tmp_path_factory):  # noqa: F811
 
 def test_the_cluster_grades_the_class_as_nbgrader_autograde_does(cluster_graded, by_nbgrader):  # noqa: F811
     course, run, killer, _ = cluster_graded
-    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads((course / "class_reports" / NAME / "grading.json").read_text())["students"]
+    failed = {student for student, outcome in record.items() if outcome["status"] == "failed"}
+    assert failed == {"malformed"}, run.stderr[-3000:]       # not a notebook: zero in every cell, and said
+    assert run.returncode == 1       # the exit status reports them
     assert gradebook_rows(course, NBGRADER_CAN_GRADE) == gradebook_rows(by_nbgrader, NBGRADER_CAN_GRADE)
 
 
@@ -166,6 +190,20 @@ def test_a_submission_that_kills_every_worker_is_given_up_with_the_reason(cluste
     assert "not gradable" in record[POISON]["error"]
     rows = gradebook_rows(course, [POISON])
     assert rows[POISON, "total"] == 0
+
+
+def test_a_hostile_submission_judged_on_a_worker_loses_only_its_own_points(cluster_graded, by_nbgrader):  # noqa: F811
+    course, run, _, _ = cluster_graded
+    rows = gradebook_rows(course, [HOSTILE])
+    assert (rows[HOSTILE, "test_add"][0], rows[HOSTILE, "test_double"][0], rows[HOSTILE, "test_double_negative"][0]) \
+        == (0, 2, 1)
+    assert gradebook_rows(course, NBGRADER_CAN_GRADE) == gradebook_rows(by_nbgrader, NBGRADER_CAN_GRADE)
+
+
+def test_each_worker_says_what_confines_a_submission_on_its_machine(cluster_graded):
+    log = (cluster_graded[0].parent / "workers.log").read_text()
+    assert log.count("trusted grading confines each submission with") >= 2     # the command, and each worker
+    assert "trusted grading refused" not in log
 
 
 def test_a_worker_of_another_course_is_refused_and_judges_nothing(cluster_graded):
