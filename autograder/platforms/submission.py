@@ -244,7 +244,8 @@ def grade(submission_dir: Path, source_path: Path, settings: Settings, protected
                        [str(refused), "On a grading platform, --allow-unconfined is a choice made when building the "
                         "package: `python3 workbook.py package PLATFORM NN --allow-unconfined`."],
                        seconds=time.perf_counter() - started)
-    rows = _rows(nb, judgement, _answers(source))
+    order = [nbgrader_meta(c)["grade_id"] for c in source.cells if is_test_cell(c)]
+    rows = sorted(_rows(nb, judgement, _answers(source)), key=lambda row: order.index(row.grade_id))
     stopped = judgement.stopped
     notes = [protections.summary(judgement.confinement)]
     if restored:
@@ -253,7 +254,7 @@ def grade(submission_dir: Path, source_path: Path, settings: Settings, protected
     if judgement.unconfined:
         notes.append(protections.unconfined_note(judgement.unconfined))
     notes += [f"stopped: {s}" for s in stopped]
-    summary = " ".join([_summary(rows)] + [f"Stopped: {_bounded(s)}." for s in stopped[:5]]
+    summary = " ".join([_summary(rows)] + [f"Stopped: {_bounded(s).rstrip('.')}." for s in stopped[:5]]
                        + ([protections.unconfined_note(judgement.unconfined)] if judgement.unconfined else []))
     return Outcome(GRADED, rows, summary, notes, judgement.confinement, judgement.unconfined,
                    time.perf_counter() - started)
