@@ -95,9 +95,9 @@ set -euo pipefail
 cd /autograder/source
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
-apt-get install -y --no-install-recommends python3.11 python3.11-venv || apt-get install -y python3 python3-venv
-PY="$(command -v python3.11 || command -v python3)"
-"$PY" -m venv /autograder/venv
+# Python 3.11, as the course is tested on (Ubuntu 22.04's own python3 is 3.10, too old for the pinned IPython).
+apt-get install -y --no-install-recommends python3.11 python3.11-venv
+python3.11 -m venv /autograder/venv
 /autograder/venv/bin/pip install --no-cache-dir --upgrade pip
 /autograder/venv/bin/pip install --no-cache-dir --index-url {cpu_index} "$(grep '^torch==' requirements.txt)"
 /autograder/venv/bin/pip install --no-cache-dir -r requirements.txt

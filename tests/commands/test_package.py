@@ -306,7 +306,7 @@ def lost_by_fixtures(number: str, student: str) -> set[str]:
 
 @pytest.mark.parametrize("platform, number, student", CASES, ids=["-".join(c) for c in CASES])
 def test_each_platform_gives_the_points_nbgrader_gives_cell_by_cell(platform, number, student, tmp_path_factory,
-                                                                   nbgrader_course):
+                                                                   request):
     notebook = BY_NUMBER[number]
 
     def build(folder):
@@ -319,7 +319,8 @@ def test_each_platform_gives_the_points_nbgrader_gives_cell_by_cell(platform, nu
     # The packaged autograder graded it, not this checkout's.
     assert f"autograder package at {folder / 'autograder'}" in printed
 
-    theirs, errors = nbgrader_grades(nbgrader_course, number, student)
+    # Only now the course graded by nbgrader (one worker grades it while the others run platforms).
+    theirs, errors = nbgrader_grades(request.getfixturevalue("nbgrader_course"), number, student)
     ours = points_of(platform, found)
     assert ours == theirs
     total = sum(t["max_score" if platform == "gradescope" else "max_points"] for t in found["tests"])
@@ -385,12 +386,13 @@ def test_a_looping_cell_costs_its_exercise_and_the_hidden_tests_stay_unreadable(
     hidden = root / HIDDEN_TESTS_AT[platform].format(notebook.folder)
     answers = solution_answers(notebook.source())
     submission = fill_answers(notebook.source(RELEASE_DIR), {
-        "snapshot_state": f"def snapshot_state(model, optimizer):\n    return open({str(hidden)!r}).read()\n",
+        "snapshot_state": f"hidden = open({str(hidden)!r}).read()\n" + answers["snapshot_state"],
         "restore_state": "while True:\n    pass\n" + answers["restore_state"]})
-    found, _ = graded_run(platform, notebook, submission, root, {"cell_timeout": 3})
+    # 10 s: the notebook's own cells run under that limit too, on a loaded machine
+    found, _ = graded_run(platform, notebook, submission, root, {"cell_timeout": 10})
     said = {t["name"]: message_of(platform, t) for t in found["tests"]}
-    assert "PermissionError" in said["test_snapshot_state"]
-    assert "time limit (3 s for a cell)" in said["test_restore_state"]
+    assert "because its answer cell raised PermissionError" in said["test_snapshot_state"]
+    assert "time limit (10 s for a cell)" in said["test_restore_state"]
 
 
 def test_a_grader_out_of_time_still_leaves_a_result(tmp_path):
