@@ -14,6 +14,8 @@
     python3 workbook.py worker tcp://HOST:PORT   a grading worker of that cluster, on this machine
     python3 workbook.py release   regenerate notebooks/ from solutions/ with nbgrader (authors;
                                   add names or prefixes such as 04 to release only those)
+    python3 workbook.py package gradescope 01   what to upload to Gradescope (or prairielearn) to grade
+                                  notebook 01 with the same judge and hidden tests (instructors)
 
 Extra arguments go to the tool underneath (jupyter lab, pytest, workbook-check).
 The environment is reinstalled only when pyproject.toml has changed.
@@ -113,7 +115,8 @@ def release(names: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"lab", "test", "check", "demo", "present", "grade", "worker", "release"}:
+    if not argv or argv[0] not in {"lab", "test", "check", "demo", "present", "grade", "worker", "release",
+                                       "package"}:
         print(__doc__)
         return 2
     command, extra = argv[0], argv[1:]
@@ -138,6 +141,8 @@ def main(argv: list[str]) -> int:
         return run([str(BIN / "workbook-grade"), *extra])
     if command == "worker":
         return run([str(BIN / "workbook-worker"), *extra])
+    if command == "package":
+        return run([str(PYTHON), "-m", "autograder.commands.package", *extra])
     return release(extra)
 
 
