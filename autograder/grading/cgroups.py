@@ -42,10 +42,13 @@ def owner_tag(pid: int | None = None) -> str:
     return f"{pid}-{start}"
 
 
-def owner_alive(tag: str) -> bool:
-    pid, _, start = tag.partition("-")
+def owner_alive(tag: str | None) -> bool:
+    """Whether the process ``tag`` names still runs; an unknown tag (another version's name) counts as alive,
+    so what another grader made is never touched on a guess."""
+    if tag is None:
+        return True
     try:
-        return owner_tag(int(pid)) == tag
+        return owner_tag(int(tag.split("-")[0])) == tag
     except (OSError, ValueError, IndexError):
         return False
 
@@ -164,10 +167,12 @@ def sweep() -> None:
 FOLDER_PREFIXES = ("workbook-judge-",)
 
 
-def _tag_of(name: str, prefix: str) -> str:
-    """``<pid>-<start>`` from ``<prefix><pid>-<start>-<anything>``."""
+def _tag_of(name: str, prefix: str) -> str | None:
+    """``<pid>-<start>`` from ``<prefix><pid>-<start>-<anything>``; None for a name of any other shape."""
     parts = name[len(prefix):].split("-")
-    return "-".join(parts[:2]) if len(parts) >= 2 else ""
+    if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit() and parts[2]:
+        return f"{parts[0]}-{parts[1]}"
+    return None
 
 
 atexit.register(lambda: [_remove_now(group, tries=50) for group in _pending])

@@ -10,6 +10,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -148,13 +149,15 @@ def test_a_grader_that_died_leaves_nothing_the_next_run_does_not_remove(tmp_path
     groups = groups[0].split() if groups else []
     assert Path(folder).is_dir()
     live = Sandbox().start()            # a live grader's sandbox, in this process
+    other = Path(tempfile.mkdtemp(prefix="workbook-judge-"))   # named as another version names it: not ours to judge
     try:
         script = "from autograder.grading.sandbox import Sandbox\nSandbox().start().close()"
         subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT)
         assert not Path(folder).exists() and not any(Path(g).exists() for g in groups)
-        assert live.scratch.is_dir() and live.alive
+        assert live.scratch.is_dir() and live.alive and other.is_dir()
     finally:
         live.close()
+        other.rmdir()
 
 
 # ---- 6. what comes back is hostile data: bounded, and handled without recursion -------------------------
