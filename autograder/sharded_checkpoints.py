@@ -563,8 +563,9 @@ def check_save_checkpoint_pointer(save_checkpoint, seed: int = 0) -> None:
            "When the rename onto `latest` failed (the check's disk raised EIO), save_checkpoint returned normally: "
            "the caller believes the pointer moved. Clean up, then let the exception propagate.")
     expect(not leftovers,
-           f"When the rename onto `latest` failed, save_checkpoint left {', '.join(leftovers)} behind in run_dir: "
-           f"every failed save would leave another temp file. Remove it when anything goes wrong, then raise.")
+           f"When the rename onto `latest` failed, save_checkpoint left {len(leftovers)} file(s) beside `latest` in "
+           f"run_dir (its temp file): every failed save would leave another one. Remove it when anything goes "
+           f"wrong, then raise.")
     expect(third["pointer"] == new,
            f"When the rename onto `latest` failed, `latest` ended up holding {third['pointer']!r} instead of still "
            f"naming {new!r}: a failed save must leave the pointer as it was.")
