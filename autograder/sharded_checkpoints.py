@@ -166,7 +166,8 @@ def _call_loader(latest_checkpoint, run_dir: Path):
                              f"folder's path inside run_dir (run_dir joined with the folder's name), which a caller "
                              f"can hand to dcp.load from any working directory.")
     if kind == "outside":
-        raise AssertionError(f"latest_checkpoint returned a path to {os.path.basename(os.fspath(result))!r} outside the "
+        name = os.path.basename(os.fspath(result))
+        raise AssertionError(f"latest_checkpoint returned a path to {name!r} outside the "
                              f"run folder it was given (resolved against the working folder?): a step folder of that "
                              f"run lives inside run_dir, and its path is run_dir joined with its name.")
     return path
@@ -542,8 +543,8 @@ def check_save_checkpoint_pointer(save_checkpoint, seed: int = 0) -> None:
     names = _temp_names(first, run_dir), _temp_names(second, run_dir)
     expect(not (names[0] and names[1] and names[0][-1] == names[1][-1]),
            f"Two save_checkpoint calls from two processes both wrote the pointer through the temp file "
-           f"{(names[1] or [''])[-1]!r}: a fixed temp name. Two writers at once (two ranks, or a job restarted while the old "
-           f"one still runs) then write into the same file, and one os.replace finds it gone. Let "
+           f"{(names[1] or [''])[-1]!r}: a fixed temp name. Two writers at once (two ranks, or a job restarted "
+           f"while the old one still runs) then write into the same file, and one os.replace finds it gone. Let "
            f"tempfile.mkstemp(dir=run_dir) pick a unique name.")
     size = len(new.encode())
     syncs = [i for i, e in enumerate(second["events"][:index]) if e["op"] == "fsync" and not e["is_dir"]
@@ -585,8 +586,9 @@ def check_save_checkpoint_durable(save_checkpoint, seed: int = 0) -> None:
     folder_synced = any(e["op"] == "fsync" and e["is_dir"] and e["inode"] == folder for e in before)
     missing = []
     if not any(size > 0 for size in marker_syncs):
-        seen_sizes = (f" (the only fsync of its bytes came at {', '.join(map(str, marker_syncs))} bytes: torch "
-                      f"{torch.__version__} syncs .metadata.tmp before Python has written it out)" if marker_syncs else "")
+        sizes = ", ".join(map(str, marker_syncs))
+        seen_sizes = (f" (the only fsync of its bytes came at {sizes} bytes: torch {torch.__version__} syncs "
+                      f".metadata.tmp before Python has written it out)" if marker_syncs else "")
         missing.append(f"{new}/.metadata was never fsynced with its bytes in it{seen_sizes}")
     if not folder_synced:
         missing.append(f"{new} itself was never fsynced (DCP does not: the rename of .metadata.tmp to .metadata is "
@@ -716,7 +718,8 @@ _warmed: list = []
 
 def _warm_dcp() -> None:
     """One single-process DCP save and load in this process, once: what DCP imports and sets up at its first
-    save (fsspec, its planners) and DTensor at its first use (torch._dynamo) is then paid here, before the ranks fork, and not in each of them."""
+    save (fsspec, its planners) and DTensor at its first use (torch._dynamo) is then paid here, before the ranks
+    fork, and not in each of them."""
     if not _warmed:
         import torch._dynamo  # noqa: F401  (DTensor.from_local imports it at its first call)
         import torch.distributed.checkpoint as dcp
@@ -1103,7 +1106,8 @@ def _summary(job: dict) -> str:
     groups = [("the rank that got it" if len(signalled) == 1 else "the two that got it",
                [r for r in range(len(job["ranks"])) if r in signalled]),
               ("the other rank" if len(job["ranks"]) - len(signalled) == 1 else
-               f"the other {len(job['ranks']) - len(signalled)}", [r for r in range(len(job["ranks"])) if r not in signalled])]
+               f"the other {len(job['ranks']) - len(signalled)}",
+               [r for r in range(len(job["ranks"])) if r not in signalled])]
     parts = []
     for label, members in groups:
         endings = sorted({_ending(job["ranks"][r], notice) for r in members})

@@ -78,7 +78,8 @@ def test_concatenate_and_chunk_packing_puts_a_token_in_every_slot_but_the_last_b
     batches = chunked_batches(lengths, 16, 4)
     assert all(b["valid"].all() for b in batches[:-1])
     doc, _, offset = batches[3]["spans"][-1][-1]
-    assert [b["spans"] for b in chunked_batches(lengths, 16, 4, start=(doc, offset))] == [b["spans"] for b in batches[4:]]
+    resumed = chunked_batches(lengths, 16, 4, start=(doc, offset))
+    assert [b["spans"] for b in resumed] == [b["spans"] for b in batches[4:]]
     assert sum(map(len, trained_spans(lengths, batches))) == sum(lengths)
 
 
