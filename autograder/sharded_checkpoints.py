@@ -890,20 +890,20 @@ def check_resume_plan_global_batch(resume_plan, seed: int = 0) -> None:
 # PreemptionGuard: real gloo ranks, and a scheduler process that decides when the SIGTERMs come
 
 GLOBAL_BATCH = 12
-# The scenarios a cluster produces, one job each. The scheduler draws the rank(s) and the update itself, in
-# its own process, after the ranks exist: nothing the ranks hold says which job is which, nor when.
-JOBS = ("one", "two", "first")
+# The scenarios a cluster produces, one job each: a notice to one rank in the middle of the run, and a node's
+# worth of ranks signalled at once, as early as the first update (before any commit). The scheduler draws the
+# rank(s) and the update itself, in its own process, after the ranks exist: nothing the ranks hold says which
+# job is which, nor when.
+JOBS = ("one", "first")
 STORIES = {"one": "the scheduler's SIGTERM reached one of the {R} ranks in the middle of an update",
-           "two": "the scheduler's SIGTERM reached two of the {R} ranks at once, in the middle of the same update",
-           "first": "the scheduler's SIGTERM reached one of the {R} ranks during the first update, before any commit"}
+           "first": "the scheduler's SIGTERM reached two of the {R} ranks at once, during the first update, before "
+                    "any commit"}
 
 
 def _draw(job: str, world_size: int, steps: int, rng) -> dict:
     if job == "one":
         return {"ranks": [rng.randrange(1, world_size)], "update": rng.randrange(2, steps)}
-    if job == "two":
-        return {"ranks": sorted(rng.sample(range(world_size), 2)), "update": rng.randrange(2, steps)}
-    return {"ranks": [rng.randrange(world_size)], "update": 1}
+    return {"ranks": sorted(rng.sample(range(world_size), 2)), "update": 1}
 
 
 class _Channel:
@@ -1046,7 +1046,7 @@ def _schedule_job(job: str, guard_class, world_size: int, steps: int, workdir: s
 
 
 def probe_preemption(guard_class, world_size: int, steps: int) -> list[dict]:
-    """Three jobs at once, one per scenario of JOBS, each of ``world_size`` forked gloo ranks training with
+    """Two jobs at once, one per scenario of JOBS, each of ``world_size`` forked gloo ranks training with
     ``guard_class(save)`` and calling ``at_commit()`` after each update, under a scheduler process of its own
     that draws which rank(s) get a SIGTERM and in which update. Per job: the schedule it drew, the signals it
     sent, and per rank how it ended and its report."""
@@ -1142,7 +1142,7 @@ def check_preemption_guard_same_boundary(PreemptionGuard, seed: int = 0, world_s
         elif all(r["report"] and r["report"]["stopped_at"] is None for r in ranks):
             trap = ("No rank stopped: the scheduler's SIGKILL at the end of the grace period would take the job, and "
                     "every update since the last checkpoint with it. One rank's notice must stop all ranks"
-                    + (", and notices can reach several ranks at once" if job["job"] == "two" else "")
+                    + (", and notices can reach several ranks at once" if len(signalled) > 1 else "")
                     + ": how do your ranks combine their flags?")
         elif any(r["error"] for r in ranks):
             trap = ("A rank ended outside the commit: a signal handler that saves or exits runs in the middle of "
