@@ -3,28 +3,42 @@
 Conventions the notebook states: a run folder holds one folder per checkpoint, ``step_<n>``
 (n the number of committed updates), each written by ``torch.distributed.checkpoint``
 (DCP), whose coordinator writes ``.metadata`` last: a step folder is *committed* when it
-holds ``.metadata``. Next to them, the file ``latest`` holds the name of the newest
-committed folder (``step_<n>``), replaced atomically.
+holds a readable ``.metadata``. Next to them, the file ``latest`` holds the name of the newest
+committed folder (``step_<n>``), replaced by notebook 05's recipe once the commit is durable.
 
 ``latest_checkpoint`` is judged on run folders the check writes with real DCP saves and
 leaves as crashes leave them (a folder whose ``.metadata`` never came, one with only
-``.metadata.tmp``, a pointer that lags). ``save_checkpoint`` runs in a probe, twice on one
-run folder, with ``os.replace`` / ``os.rename`` watched during the second call; the probe
-loads what the folders hold (DCP's ``.metadata`` is a pickle: the grading process never
-loads one the learner's code wrote) and reports it with the files' digests. ``resume_plan``
-is judged on the positions it returns. ``PreemptionGuard`` runs inside real gloo ranks forked
-by a probe; the scheduler's SIGTERM reaches one rank in the middle of an update.
+``.metadata.tmp``, an empty or a truncated marker, a pointer that lags). The path it returns is
+judged as text: a relative one is a name, an absolute one outside the check's run folder is wrong,
+and neither is looked up in the file system (the answer would be one bit about the grader's folders).
+
+``save_checkpoint`` runs in two probes. One calls it three times on one run folder with every
+fsync, rename and symlink watched: a first save in a forked process (a job before this one), a
+second in the probe's process, a third whose rename onto ``latest`` fails. The other runs it on
+three real gloo ranks, each holding its own rows of every tensor. The probes load what the folders
+hold (DCP's ``.metadata`` is a pickle: the grading process never loads one the learner's code wrote)
+and report it with the files' digests. ``resume_plan`` is judged on the positions it returns, update
+by update. ``PreemptionGuard`` runs inside real gloo ranks; a scheduler, a process of its own started
+after the ranks, decides when its SIGTERMs come and to which ranks, so nothing in a rank's memory says.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import errno
 import hashlib
 import json
 import os
+import random
+import re
+import select
 import shutil
 import signal
+import stat
+import sys
 import tempfile
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +49,7 @@ from .checking import Remembered, expect, failing_if_raised, graded_check, obser
 
 METADATA = ".metadata"
 POINTER = "latest"
+STEP_NAME = re.compile(r"step_(\d+)")
 
 
 def quiet_distributed() -> None:
@@ -52,7 +67,7 @@ _quiet_distributed = quiet_distributed
 
 
 # ---------------------------------------------------------------------------------------------
-# latest_checkpoint
+# the scenarios: run folders written with real DCP saves
 
 def _state(seed: int, step: int) -> dict:
     g = torch.Generator().manual_seed(1000 * seed + step)
@@ -61,17 +76,23 @@ def _state(seed: int, step: int) -> dict:
 
 
 def _write_step(run_dir: Path, step: int, seed: int, how: str = "committed") -> Path:
-    """A real single-process DCP save of step_<step>; 'no_marker' then takes .metadata away (a rank died
-    before the coordinator wrote it), 'tmp_marker' leaves only .metadata.tmp (the coordinator died
-    writing it)."""
+    """A real single-process DCP save of step_<step>, then left as a crash leaves it: 'no_marker' (a rank
+    died before the coordinator wrote .metadata), 'tmp_marker' (the coordinator died writing it: only
+    .metadata.tmp), 'empty_marker' (the marker's name survived a power cut, its bytes did not),
+    'truncated_marker' (half of its bytes did)."""
     import torch.distributed.checkpoint as dcp
     _quiet_distributed()
     folder = run_dir / f"step_{step}"
     dcp.save(_state(seed, step), checkpoint_id=folder)
+    marker = folder / METADATA
     if how == "no_marker":
-        (folder / METADATA).unlink()
+        marker.unlink()
     elif how == "tmp_marker":
-        (folder / METADATA).rename(folder / (METADATA + ".tmp"))
+        marker.rename(folder / (METADATA + ".tmp"))
+    elif how == "empty_marker":
+        marker.write_bytes(b"")
+    elif how == "truncated_marker":
+        marker.write_bytes(marker.read_bytes()[: marker.stat().st_size // 2])
     return folder
 
 
@@ -90,17 +111,65 @@ def _scratch():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _call_loader(latest_checkpoint, run_dir: Path):
-    with failing_if_raised(f"latest_checkpoint({str(run_dir)!r})"):
-        result = latest_checkpoint(str(run_dir))
+def _digests(folder: Path) -> dict[str, str]:
+    out = {}
+    if folder.is_dir():
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                out[str(path.relative_to(folder))] = hashlib.sha1(path.read_bytes()).hexdigest()
+    return out
+
+
+def _tree(run_dir: Path) -> dict[str, object]:
+    """Every entry of a run folder: step folders with their files' digests, other files with theirs."""
+    tree = {}
+    for entry in sorted(run_dir.iterdir()):
+        tree[entry.name] = (_digests(entry) if entry.is_dir() and not entry.is_symlink()
+                            else "symlink" if entry.is_symlink() else hashlib.sha1(entry.read_bytes()).hexdigest())
+    return tree
+
+
+# ---------------------------------------------------------------------------------------------
+# latest_checkpoint
+
+def judged_path(result, run_dir: Path) -> tuple[str, Path | None]:
+    """What a returned path names, judged as text and never looked up (issue 24, principle 6; kept here
+    until checking.py has the shared helper): ('none', None), ('not_a_path', None), ('name', None) for a
+    relative path, ('outside', None) for an absolute path outside ``run_dir``, or ('inside', the path
+    rewritten onto ``run_dir`` as the check spells it)."""
     if result is None:
-        return None
-    expect(isinstance(result, (str, os.PathLike)),
-           f"latest_checkpoint should return the path of a step folder (a str) or None, not {type(result).__name__}.")
-    path = Path(os.fspath(result))
-    if not path.is_absolute() and not path.exists() and (run_dir / path).exists():
+        return "none", None
+    if not isinstance(result, (str, os.PathLike)):
+        return "not_a_path", None
+    text = os.fspath(result)
+    if not isinstance(text, str):
+        return "not_a_path", None
+    if not os.path.isabs(text):
+        return "name", None
+    text = os.path.normpath(text)
+    for root in {os.path.normpath(run_dir), os.path.realpath(run_dir)}:   # the check's own folder, both spellings
+        if os.path.commonpath([text, root]) == root:
+            return "inside", Path(run_dir) / os.path.relpath(text, root)
+    return "outside", None
+
+
+def _call_loader(latest_checkpoint, run_dir: Path):
+    call = f"latest_checkpoint({str(run_dir)!r})"
+    with failing_if_raised(call):
+        result = latest_checkpoint(str(run_dir))
+    kind, path = judged_path(result, run_dir)
+    if kind == "not_a_path":
+        raise AssertionError(f"latest_checkpoint should return the path of a step folder (a str) or None, not "
+                             f"{type(result).__name__}.")
+    if kind == "name":
         raise AssertionError(f"latest_checkpoint returned {os.fspath(result)!r}, a name, not a path: return the "
-                             f"folder's path inside run_dir, which a caller can hand to dcp.load as it is.")
+                             f"folder's path inside run_dir (run_dir joined with the folder's name), which a caller "
+                             f"can hand to dcp.load from any working directory.")
+    if kind == "outside":
+        name = os.path.basename(os.fspath(result))
+        raise AssertionError(f"latest_checkpoint returned a path to {name!r} outside the "
+                             f"run folder it was given (resolved against the working folder?): a step folder of that "
+                             f"run lives inside run_dir, and its path is run_dir joined with its name.")
     return path
 
 
@@ -110,23 +179,49 @@ def _named(path) -> str:
 
 def _expect_folder(got, expected: Path | None, situation: str, trap: str) -> None:
     same = (got is None and expected is None) or (
-        got is not None and expected is not None and got.exists() and got.samefile(expected))
+        got is not None and expected is not None and os.path.normpath(got) == os.path.normpath(expected))
     expect(same, f"{situation}, latest_checkpoint returned {_named(got)} instead of {_named(expected)}. {trap}")
 
 
-@graded_check("latest_checkpoint never returns a step folder without DCP's .metadata (a partial checkpoint)")
+def _expect_untouched(before: dict, run_dir: Path) -> None:
+    after = _tree(run_dir)
+    gone = sorted(set(before) - set(after))
+    changed = sorted(name for name in before if name in after and before[name] != after[name])
+    expect(not gone and not changed,
+           f"latest_checkpoint {'deleted ' + ', '.join(gone) if gone else 'changed ' + ', '.join(changed)} in the "
+           f"run folder. A loader only reads: a folder without a marker is skipped, not cleaned up. It may be a "
+           f"save still being written by the ranks of a running job, and it is the evidence of a crash.")
+
+
+@graded_check("latest_checkpoint never returns a step folder without a readable .metadata (a partial checkpoint)")
 def check_latest_checkpoint_committed(latest_checkpoint, seed: int = 0) -> None:
     base = 2 + seed % 3
     with _scratch() as run_dir:
         good = _write_step(run_dir, 2 * base, seed)
         _write_step(run_dir, 4 * base, seed, "no_marker")
         _write_pointer(run_dir, good.name)
+        before = _tree(run_dir)
         got = _call_loader(latest_checkpoint, run_dir)
         _expect_folder(got, good, f"With {good.name} committed and step_{4 * base} holding every rank's shard but "
                        f"no .metadata (a rank was killed before the coordinator wrote it)",
                        "A folder with shards and no marker looks like a checkpoint but is not one: DCP writes "
                        ".metadata last, only once every rank's shard is on disk, and dcp.load cannot read a folder "
                        "without it. Which file says a step folder is committed?")
+        _expect_untouched(before, run_dir)
+    with _scratch() as run_dir:
+        good = _write_step(run_dir, base, seed)
+        empty = _write_step(run_dir, base + 2, seed, "empty_marker")
+        truncated = _write_step(run_dir, base + 3 + seed % 2, seed, "truncated_marker")
+        _write_pointer(run_dir, good.name)
+        before = _tree(run_dir)
+        got = _call_loader(latest_checkpoint, run_dir)
+        _expect_folder(got, good, f"With {good.name} committed, {empty.name} whose .metadata is empty (0 bytes) and "
+                       f"{truncated.name} whose .metadata holds half of its bytes (a power cut after the marker's "
+                       f"rename, before its bytes reached the disk)",
+                       "A marker that exists is not yet a marker that can be read: a folder counts only if its "
+                       ".metadata loads, which FileSystemReader(folder).read_metadata() tells (dcp.load reads it "
+                       "the same way). Skip a folder whose marker is empty or does not load.")
+        _expect_untouched(before, run_dir)
     with _scratch() as run_dir:
         _write_step(run_dir, base, seed, "tmp_marker")
         got = _call_loader(latest_checkpoint, run_dir)
@@ -165,20 +260,7 @@ def check_latest_checkpoint_newest(latest_checkpoint, seed: int = 0) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# save_checkpoint: a probe calls it twice on one run folder and watches the second call
-
-def _digests(folder: Path) -> dict[str, str]:
-    out = {}
-    if folder.is_dir():
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                out[str(path.relative_to(folder))] = hashlib.sha1(path.read_bytes()).hexdigest()
-    return out
-
-
-def _committed_folder(run_dir: Path, name: str) -> bool:
-    return bool(name) and "/" not in name and (run_dir / name / METADATA).is_file()
-
+# save_checkpoint, in one process: three saves on one run folder, every file operation watched
 
 def _read_pointer(run_dir: Path) -> str | None:
     path = run_dir / POINTER
@@ -187,32 +269,84 @@ def _read_pointer(run_dir: Path) -> str | None:
     return path.read_bytes()[:200].decode("utf-8", "replace").strip()
 
 
-@contextlib.contextmanager
-def _watched_renames(run_dir: Path):
-    """Record each os.replace / os.rename: its target, and, for one onto `latest`, what the pointer then
-    holds and whether the folder it names is committed at that moment."""
-    events: list[dict] = []
-    originals = {name: getattr(os, name) for name in ("replace", "rename")}
+def _committed_folder(run_dir: Path, name: str) -> bool:
+    """Whether run_dir/<name> holds a non-empty .metadata; only a plain folder name of run_dir is looked up."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return False
+    marker = run_dir / name / METADATA
+    return marker.is_file() and marker.stat().st_size > 0
 
-    def wrap(name):
-        def wrapper(src, dst, *args, **kwargs):
-            result = originals[name](src, dst, *args, **kwargs)
-            target = os.path.abspath(os.fspath(dst))
-            event = {"call": name, "target": os.path.basename(target)}
-            if target == os.path.abspath(run_dir / POINTER):
-                held = _read_pointer(run_dir)
-                event.update(pointer=held, committed=_committed_folder(run_dir, held or ""))
-            events.append(event)
+
+class _FileWatch:
+    """Patches os.fsync, os.fdatasync, os.replace, os.rename and os.symlink for one save_checkpoint call and
+    records each call, in order, as notebook 05's recorder does. A rename is recorded before it runs (a
+    failed one too); right after a rename onto ``latest`` it notes what the pointer holds, whether that folder
+    is committed and what the run folder holds; right after DCP's rename onto a ``.metadata`` (the commit), what
+    the run folder holds. ``fail_pointer``: a rename onto ``latest`` raises EIO instead (a failing disk). ``slow``:
+    an fsync called off the main thread waits first (a disk slower than the training loop; only a save running in
+    the background, such as dcp.async_save's, notices)."""
+
+    def __init__(self, run_dir: Path, fail_pointer: bool = False, slow: float = 0.0):
+        self.run_dir, self.fail_pointer, self.slow = run_dir, fail_pointer, slow
+        self.pointer = os.path.abspath(run_dir / POINTER)
+        self.events: list[dict] = []
+        self._originals = {name: getattr(os, name) for name in ("fsync", "fdatasync", "replace", "rename", "symlink")
+                           if hasattr(os, name)}
+
+    def _sync(self, original):
+        def wrapper(fd):
+            if self.slow and threading.current_thread() is not threading.main_thread():
+                time.sleep(self.slow)
+            st = os.fstat(fd if isinstance(fd, int) else fd.fileno())
+            event = {"op": "fsync", "is_dir": stat.S_ISDIR(st.st_mode), "inode": [st.st_dev, st.st_ino],
+                     "size": st.st_size}
+            result = original(fd)
+            self.events.append(event)
             return result
         return wrapper
 
-    for name in originals:
-        setattr(os, name, wrap(name))
-    try:
-        yield events
-    finally:
-        for name, original in originals.items():
+    def _rename(self, original, call):
+        def wrapper(src, dst, *args, **kwargs):
+            event = {"op": "rename", "call": call, "src": os.path.abspath(os.fspath(src)),
+                     "dst": os.path.abspath(os.fspath(dst)), "ok": False}
+            self.events.append(event)
+            if self.fail_pointer and event["dst"] == self.pointer:
+                raise OSError(errno.EIO, "Input/output error (raised by the check's disk)", os.fspath(dst))
+            result = original(src, dst, *args, **kwargs)
+            event["ok"] = True
+            if event["dst"] == self.pointer:
+                held = _read_pointer(self.run_dir)
+                event.update(pointer=held, committed=_committed_folder(self.run_dir, held or ""),
+                             tree=_tree(self.run_dir))
+            elif os.path.basename(event["dst"]) == METADATA:
+                event["tree"] = _tree(self.run_dir)
+            return result
+        return wrapper
+
+    def _symlink(self, original):
+        def wrapper(src, dst, *args, **kwargs):
+            self.events.append({"op": "symlink", "src": os.fspath(src), "dst": os.path.abspath(os.fspath(dst))})
+            return original(src, dst, *args, **kwargs)
+        return wrapper
+
+    def __enter__(self):
+        for name, original in self._originals.items():
+            wrap = (self._sync(original) if name in ("fsync", "fdatasync") else
+                    self._symlink(original) if name == "symlink" else self._rename(original, name))
+            setattr(os, name, wrap)
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._originals.items():
             setattr(os, name, original)
+
+
+def _inode(path: Path):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
 
 
 def _load_folder(folder: Path, like: dict) -> dict | None:
@@ -224,45 +358,84 @@ def _load_folder(folder: Path, like: dict) -> dict | None:
     return template
 
 
-def probe_two_saves(save_checkpoint, run_dir: str, first: dict, second: dict, steps: list) -> dict:
-    """save_checkpoint(first, run_dir, steps[0]), then save_checkpoint(second, run_dir, steps[1]) with renames
-    watched. Reports the files of run_dir (with digests) after each call, the renames of the second call, what
-    `latest` holds and its inode around the second call, and what each step folder loads as."""
-    _quiet_distributed()
-    run_dir = Path(run_dir)
-    save_checkpoint(first, str(run_dir), steps[0])
-    after_first = {p.name: _digests(p) for p in run_dir.iterdir() if p.is_dir()}
-    pointer_first = _read_pointer(run_dir)
-    inode_before = os.stat(run_dir / POINTER).st_ino if (run_dir / POINTER).is_file() else None
-    with _watched_renames(run_dir) as events:
-        save_checkpoint(second, str(run_dir), steps[1])
-    after_second = {p.name: _digests(p) for p in run_dir.iterdir() if p.is_dir()}
-    loaded = {}
-    for name in after_second:
+def _loaded(run_dir: Path, like: dict) -> dict:
+    out = {}
+    for entry in sorted(run_dir.iterdir()):
+        if not entry.is_dir() or entry.is_symlink():
+            continue
         try:
-            loaded[name] = _load_folder(run_dir / name, first)
+            out[entry.name] = _load_folder(entry, like)
         except BaseException as exc:  # a folder DCP cannot read (CheckpointException is a BaseException)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            loaded[name] = f"{type(exc).__name__}"
-    return {"after_first": after_first, "after_second": after_second, "pointer_first": pointer_first,
-            "pointer": _read_pointer(run_dir), "pointer_is_file": (run_dir / POINTER).is_file(),
-            "inode_before": inode_before,
-            "inode_after": os.stat(run_dir / POINTER).st_ino if (run_dir / POINTER).is_file() else None,
-            "renames": events, "loaded": loaded}
+            out[entry.name] = type(exc).__name__
+    return out
+
+
+def _watched_save(save_checkpoint, run_dir: Path, state: dict, step: int, in_a_child: bool = False,
+                  **watch) -> dict:
+    """One call, watched: its events, what it raised (if anything), and the run folder afterwards."""
+    with _FileWatch(run_dir, **watch) as watched:
+        try:
+            save_checkpoint(state, str(run_dir), step)
+            raised = None
+        except NotImplementedError as exc:
+            if not in_a_child:
+                raise                     # the stub: the runner says "not answered yet"
+            raised = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            raised = f"{type(exc).__name__}: {exc}"
+    return {"events": watched.events, "raised": raised, "tree": _tree(run_dir), "pointer": _read_pointer(run_dir),
+            "pointer_inode": _inode(run_dir / POINTER), "pointer_is_symlink": (run_dir / POINTER).is_symlink(),
+            "run_dir_inode": _inode(run_dir),
+            "inodes": {f"{name}/{METADATA}": _inode(run_dir / name / METADATA) for name in _tree(run_dir)}
+            | {name: _inode(run_dir / name) for name in _tree(run_dir)}}
+
+
+def probe_saves(save_checkpoint, run_dir: str, states: list, steps: list) -> dict:
+    """save_checkpoint(states[i], run_dir, steps[i]) three times, each watched (see _FileWatch): the first in a
+    forked process (a job that ran before this one), the second here, the third here with the rename onto `latest`
+    failing. Reports each call's events, what it raised, the run folder after it, and what each step folder loads
+    as. Background fsyncs are slowed (a pointer moved before an async save's future is done is then seen early)."""
+    _quiet_distributed()
+    run_dir = Path(run_dir)
+    handle, report_path = tempfile.mkstemp(prefix="first-save-", suffix=".json")
+    os.close(handle)
+    report_path = Path(report_path)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            silence_this_process()
+            report_path.write_text(json.dumps(_watched_save(save_checkpoint, run_dir, states[0], steps[0], slow=0.2,
+                                                            in_a_child=True)))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    text = report_path.read_text()
+    first = json.loads(text) if text else {"raised": f"the process ended ({os.waitstatus_to_exitcode(status)})"}
+    report_path.unlink(missing_ok=True)
+    second = _watched_save(save_checkpoint, run_dir, states[1], steps[1], slow=0.2)
+    loaded = _loaded(run_dir, states[1])
+    third = _watched_save(save_checkpoint, run_dir, states[2], steps[2], fail_pointer=True)
+    return {"saves": [first, second, third], "loaded": loaded}
 
 
 _saves = Remembered(keep=4)
 
 
-def _two_saves(save_checkpoint, seed: int) -> dict:
-    steps = [4 + 4 * (seed % 3), 8 + 4 * (seed % 3)]
+def _three_saves(save_checkpoint, seed: int) -> dict:
+    steps = [4 + 4 * (seed % 3), 8 + 4 * (seed % 3), 12 + 4 * (seed % 3)]
 
     def run():
         with _scratch() as run_dir:
             with failing_if_raised("save_checkpoint(state, run_dir, step)"):
-                seen = observe(probe_two_saves, save_checkpoint, str(run_dir), _state(seed, steps[0]),
-                               _state(seed, steps[1]), steps)
+                seen = observe(probe_saves, save_checkpoint, str(run_dir), [_state(seed, s) for s in steps], steps)
+            seen["run_dir"] = str(run_dir)
+        for i, save in enumerate(seen["saves"][:2]):
+            if save["raised"]:
+                raise AssertionError(f"save_checkpoint(state, run_dir, {steps[i]}) raised {save['raised']}")
         seen["steps"] = steps
         return seen
     return _saves((save_checkpoint, seed), run)
@@ -274,51 +447,366 @@ def _same_state(loaded, expected: dict) -> bool:
                     for k, v in expected["model"].items()))
 
 
-@graded_check("save_checkpoint writes each step into a new step_<n> folder and leaves the committed one alone")
+def _folders(tree: dict) -> dict:
+    return {name: files for name, files in tree.items() if isinstance(files, dict)}
+
+
+def _pointer_renames(save: dict, run_dir: str) -> list[dict]:
+    target = os.path.abspath(os.path.join(run_dir, POINTER))
+    return [(i, e) for i, e in enumerate(save["events"]) if e["op"] == "rename" and e["dst"] == target and e["ok"]]
+
+
+@graded_check("save_checkpoint writes each step into a new step_<n> folder and keeps the committed one until "
+              "`latest` has moved on")
 def check_save_checkpoint_new_folder(save_checkpoint, seed: int = 0) -> None:
-    seen = _two_saves(save_checkpoint, seed)
-    first, second = (f"step_{n}" for n in seen["steps"])
-    rewritten = {name: sorted(k for k, v in files.items() if seen["after_second"].get(name, {}).get(k) != v)
-                 for name, files in seen["after_first"].items()}
-    rewritten = {name: files for name, files in rewritten.items() if files}
-    if rewritten:
-        name, files = next(iter(rewritten.items()))
-        raise AssertionError(
-            f"Saving step {seen['steps'][1]} rewrote the committed checkpoint {name!r} in place (changed: "
-            f"{', '.join(files[:4])}). While DCP rewrites a folder, its old .metadata describes shards that are being "
-            f"replaced, and torch removes it just before renaming the new one: a crash then leaves no committed "
-            f"checkpoint, or one whose marker lies. Write every step into a new folder, and leave the last "
-            f"committed one untouched.")
-    for step, name, after in ((seen["steps"][0], first, seen["after_first"]), (seen["steps"][1], second,
-                                                                               seen["after_second"])):
-        expect(name in after,
-               f"After save_checkpoint(state, run_dir, {step}), run_dir holds the folders {sorted(after)} but no "
+    seen = _three_saves(save_checkpoint, seed)
+    first, second = seen["saves"][:2]
+    new = f"step_{seen['steps'][1]}"
+    before = _folders(first["tree"])
+    commits = [e for e in second["events"] if e["op"] == "rename" and e.get("tree") is not None
+               and os.path.basename(e["dst"]) == METADATA and e["ok"]]
+    for event in commits[:1]:
+        folder = os.path.basename(os.path.dirname(event["dst"]))
+        if folder in before:
+            raise AssertionError(
+                f"Saving step {seen['steps'][1]} rewrote the committed checkpoint {folder!r} in place. While DCP "
+                f"rewrites a folder, its old .metadata describes shards that are being replaced, and torch removes "
+                f"it just before renaming the new one: a crash then leaves no committed checkpoint, or one whose "
+                f"marker lies. Write every step into a new folder, and leave the last committed one untouched.")
+        gone = sorted(name for name in before if name not in event["tree"])
+        changed = sorted(name for name in before if name in event["tree"] and event["tree"][name] != before[name])
+        if gone or changed:
+            raise AssertionError(
+                f"When DCP committed {folder!r}, the previous checkpoint {(gone or changed)[0]!r} was already "
+                f"{'deleted' if gone else 'changed'}: a previous checkpoint deleted first. A crash between the two "
+                f"leaves no checkpoint at all. Delete older step folders, if you delete them, only once `latest` "
+                f"names the new one.")
+    for _, event in _pointer_renames(second, seen["run_dir"])[:1]:
+        held = first["pointer"]
+        expect(not held or held in _folders(event["tree"]),
+               f"`latest` named {held!r} until it moved to {event['pointer']!r}, but {held!r} was deleted before "
+               f"that: for a moment the pointer named a folder that no longer existed (an evaluation job following "
+               f"`latest` finds nothing). Delete older folders only after the pointer has moved.")
+    for step, save in zip(seen["steps"][:2], (first, second)):
+        name = f"step_{step}"
+        expect(name in _folders(save["tree"]),
+               f"After save_checkpoint(state, run_dir, {step}), run_dir holds {sorted(save['tree'])} but no folder "
                f"{name!r}: each checkpoint goes into run_dir/step_<step>, the name the loader looks for.")
-        expect(_same_state(seen["loaded"].get(name), _state(seed, step)),
-               f"After the second save, {name!r} does not load as the state saved at step {step} "
-               f"({'no .metadata' if seen['loaded'].get(name) is None else 'other contents'}): dcp.save(state, "
-               f"checkpoint_id=run_dir/step_<step>) writes it, .metadata last.")
+    loaded = seen["loaded"].get(new)
+    expect(_same_state(loaded, _state(seed, seen["steps"][1])),
+           f"After the second save, {new!r} does not load as the state saved at step {seen['steps'][1]} "
+           f"({'no .metadata' if loaded is None else 'other contents' if isinstance(loaded, dict) else loaded}): "
+           f"dcp.save(state, checkpoint_id=run_dir/step_<step>) writes it, .metadata last.")
 
 
-@graded_check("save_checkpoint moves `latest` to the new folder atomically, after DCP committed it")
+def _saved_into(save: dict, step: int) -> str:
+    """The folder a watched call committed (where DCP renamed a .metadata); step_<step> if none was."""
+    commits = [e for e in save["events"] if e["op"] == "rename" and e["ok"] and os.path.basename(e["dst"]) == METADATA]
+    return os.path.basename(os.path.dirname(commits[-1]["dst"])) if commits else f"step_{step}"
+
+
+def _temp_names(save: dict, run_dir: str) -> list[str]:
+    return [os.path.basename(e["src"]) for _, e in _pointer_renames(save, run_dir)]
+
+
+@graded_check("save_checkpoint moves `latest` after the commit by notebook 05's recipe: a unique temp file in "
+              "run_dir, fsynced, os.replace, run_dir fsynced, nothing left behind when it fails")
 def check_save_checkpoint_pointer(save_checkpoint, seed: int = 0) -> None:
-    seen = _two_saves(save_checkpoint, seed)
-    held = seen["pointer"]
-    expect(seen["pointer_is_file"] and held in seen["loaded"]
-           and _same_state(seen["loaded"][held], _state(seed, seen["steps"][1])),
-           f"After save_checkpoint(state, run_dir, {seen['steps'][1]}), run_dir/latest holds {held!r}, which is not "
-           f"the name of the folder just saved: the pointer holds the newest committed folder's name (a name, "
-           f"not a path, so that a run folder that is copied or moved keeps working).")
-    onto = [e for e in seen["renames"] if e["target"] == POINTER]
-    expect(onto and seen["inode_after"] != seen["inode_before"],
+    seen = _three_saves(save_checkpoint, seed)
+    first, second, third = seen["saves"]
+    run_dir, step = seen["run_dir"], seen["steps"][1]
+    new = _saved_into(second, step)
+    expect(not second["pointer_is_symlink"],
+           f"After save_checkpoint(state, run_dir, {step}), `latest` is a symbolic link: a pointer swapped by "
+           f"symlink. The contract is a file holding the folder's name, read with open(...).read(): a symlink is "
+           f"followed by copies and archives as if it were the folder, and is lost on storage without links. Write "
+           f"the name into a temp file and os.replace it onto `latest`.")
+    expect(second["pointer"] == new,
+           f"After save_checkpoint(state, run_dir, {step}), run_dir/latest holds {second['pointer']!r}, not the "
+           f"name of the folder just saved ({new!r}): the pointer holds the newest committed folder's name (a "
+           f"name, not a path, so that a run folder that is copied or moved keeps working).")
+    renames = _pointer_renames(second, run_dir)
+    expect(renames and second["pointer_inode"] != first["pointer_inode"],
            "`latest` was written in place (open(...).write), not renamed into place: a crash or a reader in the "
-           "middle of that write sees an empty or half-written pointer. Apply notebook 05's rule: write "
-           "latest.tmp, fsync it, os.replace it onto latest.")
-    early = [e for e in onto if not e["committed"]]
+           "middle of that write sees an empty or half-written pointer. Apply notebook 05's rule: write a temp "
+           "file, fsync it, os.replace it onto latest.")
+    early = [e for _, e in renames if not e["committed"]]
     expect(not early,
            f"`latest` moved to {early[0]['pointer'] if early else ''!r} before that folder held .metadata: the "
-           f"pointer was ahead of the commit. A crash right then leaves a pointer to a partial checkpoint. Move "
-           f"it only after dcp.save returned (every rank's shard and the metadata are on disk).")
+           f"pointer was ahead of the commit. A crash right then leaves a pointer to a partial checkpoint. Move it "
+           f"only after dcp.save returned (an async_save's folder is committed only once its future is done).")
+    index, rename = renames[-1]
+    expect(os.path.dirname(rename["src"]) == os.path.abspath(run_dir),
+           f"The temp file renamed onto `latest` was written in {os.path.dirname(rename['src'])!r}, not in run_dir: "
+           f"a rename is atomic only within one filesystem, and another folder can be another one. Put the temp "
+           f"file next to `latest`.")
+    names = _temp_names(first, run_dir), _temp_names(second, run_dir)
+    expect(not (names[0] and names[1] and names[0][-1] == names[1][-1]),
+           f"Two save_checkpoint calls from two processes both wrote the pointer through the temp file "
+           f"{(names[1] or [''])[-1]!r}: a fixed temp name. Two writers at once (two ranks, or a job restarted "
+           f"while the old one still runs) then write into the same file, and one os.replace finds it gone. Let "
+           f"tempfile.mkstemp(dir=run_dir) pick a unique name.")
+    size = len(new.encode())
+    syncs = [i for i, e in enumerate(second["events"][:index]) if e["op"] == "fsync" and not e["is_dir"]
+             and e["inode"] == second["pointer_inode"]]
+    expect(syncs, "The temp file that became `latest` was never fsynced before os.replace: after a power cut the "
+                  "renamed pointer can be empty although the rename survived. os.fsync it first.")
+    expect(any(second["events"][i]["size"] >= size for i in syncs),
+           "The pointer's temp file was fsynced before its text was written (Python's buffer is flushed only at "
+           "close or flush()): the sync covered nothing. Flush, then fsync.")
+    dir_syncs = [i for i, e in enumerate(second["events"]) if e["op"] == "fsync" and e["is_dir"]
+                 and e["inode"] == second["run_dir_inode"] and i > index]
+    expect(dir_syncs, "run_dir was not fsynced after os.replace put `latest` in place: the rename is a change to "
+                      "the folder, durable only once the folder is synced. After a power cut `latest` can name the "
+                      "older folder again.")
+    leftovers = sorted(n for n, v in third["tree"].items() if not isinstance(v, dict) and n != POINTER)
+    expect(third["raised"],
+           "When the rename onto `latest` failed (the check's disk raised EIO), save_checkpoint returned normally: "
+           "the caller believes the pointer moved. Clean up, then let the exception propagate.")
+    expect(not leftovers,
+           f"When the rename onto `latest` failed, save_checkpoint left {len(leftovers)} file(s) beside `latest` in "
+           f"run_dir (its temp file): every failed save would leave another one. Remove it when anything goes "
+           f"wrong, then raise.")
+    expect(third["pointer"] == new,
+           f"When the rename onto `latest` failed, `latest` ended up holding {third['pointer']!r} instead of still "
+           f"naming {new!r}: a failed save must leave the pointer as it was.")
+
+
+@graded_check("save_checkpoint makes the commit durable before `latest` moves: .metadata and its step folder fsynced")
+def check_save_checkpoint_durable(save_checkpoint, seed: int = 0) -> None:
+    seen = _three_saves(save_checkpoint, seed)
+    second = seen["saves"][1]
+    run_dir, step = seen["run_dir"], seen["steps"][1]
+    new = _saved_into(second, step)
+    renames = _pointer_renames(second, run_dir)
+    index = renames[-1][0] if renames else len(second["events"])
+    before = second["events"][:index]
+    marker, folder = second["inodes"].get(f"{new}/{METADATA}"), second["inodes"].get(new)
+    marker_syncs = [e["size"] for e in before if e["op"] == "fsync" and not e["is_dir"] and e["inode"] == marker]
+    folder_synced = any(e["op"] == "fsync" and e["is_dir"] and e["inode"] == folder for e in before)
+    missing = []
+    if not any(size > 0 for size in marker_syncs):
+        sizes = ", ".join(map(str, marker_syncs))
+        seen_sizes = (f" (the only fsync of its bytes came at {sizes} bytes: torch {torch.__version__} syncs "
+                      f".metadata.tmp before Python has written it out)" if marker_syncs else "")
+        missing.append(f"{new}/.metadata was never fsynced with its bytes in it{seen_sizes}")
+    if not folder_synced:
+        missing.append(f"{new} itself was never fsynced (DCP does not: the rename of .metadata.tmp to .metadata is "
+                       f"an entry of that folder)")
+    expect(not missing,
+           f"Before `latest` moved to {new!r}: {'; '.join(missing)}. Against a killed process the marker is enough, "
+           f"the kernel keeps what was written; after a power cut, `latest` can name a folder whose .metadata is "
+           f"empty or absent. After dcp.save returns, open .metadata and fsync it, then fsync the step folder, "
+           f"then move the pointer.")
+
+
+# ---------------------------------------------------------------------------------------------
+# save_checkpoint on real ranks: who writes which shard, who moves the pointer
+
+RANKS = 3
+
+
+def _leave_together(store, world_size: int, wait: float = 1.0) -> None:
+    """Count this rank out in the job's store and wait (a second at most) until every rank has: a rank that
+    exits first closes its gloo connections while a slower one may still read its last message."""
+    store.add("left", 1)
+    deadline = time.monotonic() + wait
+    while store.add("left", 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _join(workdir: str, rank: int, world_size: int):
+    import torch.distributed as dist
+    silence_this_process()
+    _quiet_distributed()
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    store = dist.FileStore(os.path.join(workdir, "store"), world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=10))
+    return store
+
+
+def _first_line(exc: BaseException) -> str:
+    """How a rank ended, in words that are the same on every run (no ports, no C++ locations): a rank whose
+    peer is gone fails inside gloo with a RuntimeError (or a subclass), worded after the socket's fate."""
+    if isinstance(exc, NotImplementedError):     # a RuntimeError too: the answer cell's stub
+        return "NotImplementedError"
+    if isinstance(exc, RuntimeError):
+        return "a collective failed: a peer was gone"
+    return type(exc).__name__
+
+
+def _rows(tensor, rank: int, world_size: int):
+    """This rank's rows of ``tensor``, split on dim 0 as FSDP2 splits it (torch.chunk), in storage of their own."""
+    chunks = tensor.chunk(world_size)
+    return (chunks[rank] if rank < len(chunks) else tensor[:0]).clone()
+
+
+def _saving_rank(save_checkpoint, rank: int, world_size: int, steps: list, seed: int, workdir: str) -> None:
+    code = 1
+    report = {"pointer_moves": 0, "error": None, "done": False}
+    try:
+        store = _join(workdir, rank, world_size)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+        mesh = init_device_mesh("cpu", (world_size,))
+        run_dir = os.path.join(workdir, "run")
+        pointer = os.path.abspath(os.path.join(run_dir, POINTER))
+        originals = {name: getattr(os, name) for name in ("replace", "rename", "symlink")}
+
+        def counted(original):
+            def wrapper(src, dst, *args, **kwargs):
+                if os.path.abspath(os.fspath(dst)) == pointer:
+                    report["pointer_moves"] += 1
+                return original(src, dst, *args, **kwargs)
+            return wrapper
+
+        for name, original in originals.items():
+            setattr(os, name, counted(original))
+        try:
+            for step in steps:
+                full = _state(seed, step)
+                model = {k: DTensor.from_local(_rows(v, rank, world_size), mesh, [Shard(0)], run_check=False,
+                                               shape=v.shape, stride=v.stride())
+                         for k, v in full["model"].items()}
+                save_checkpoint({"model": model, "train": dict(full["train"])}, run_dir, step)
+        finally:
+            for name, original in originals.items():
+                setattr(os, name, original)
+        report["done"] = True
+        code = 0
+    except BaseException as exc:
+        report["error"] = _first_line(exc)
+    finally:
+        with contextlib.suppress(Exception):
+            Path(workdir, f"rank{rank}.json").write_text(json.dumps(report))
+        with contextlib.suppress(Exception):
+            _leave_together(store, world_size)
+        os._exit(code)
+
+
+def _fork_ranks(target, world_size: int, args: tuple) -> list[int]:
+    pids = []
+    for rank in range(world_size):
+        pid = os.fork()
+        if pid == 0:
+            target(*args[:1], rank, *args[1:])    # never returns: the rank ends with os._exit
+        pids.append(pid)
+    return pids
+
+
+def _reap(pids: list[int], deadline: float) -> dict[int, object]:
+    """Wait for each process until the deadline, then SIGKILL the rest; exit codes by index."""
+    codes, end = {}, time.monotonic() + deadline
+    while len(codes) < len(pids) and time.monotonic() < end:
+        for i, pid in enumerate(pids):
+            if i not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[i] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.005)
+    for i, pid in enumerate(pids):
+        if i not in codes:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            codes[i] = "killed at the deadline"
+    return codes
+
+
+_warmed: list = []
+
+
+def _warm_dcp() -> None:
+    """One single-process DCP save and load in this process, once: what DCP imports and sets up at its first
+    save (fsspec, its planners) and DTensor at its first use (torch._dynamo) is then paid here, before the ranks
+    fork, and not in each of them."""
+    if not _warmed:
+        import torch._dynamo  # noqa: F401  (DTensor.from_local imports it at its first call)
+        import torch.distributed.checkpoint as dcp
+        import torch.distributed.tensor  # noqa: F401
+        with tempfile.TemporaryDirectory() as folder:
+            state = _state(0, 0)
+            dcp.save(state, checkpoint_id=os.path.join(folder, "step_0"))
+            dcp.load(state, checkpoint_id=os.path.join(folder, "step_0"))
+        _warmed.append(True)
+
+
+def probe_saves_on_ranks(save_checkpoint, world_size: int, steps: list, seed: int) -> dict:
+    """Fork ``world_size`` gloo ranks; each holds its rows (dim 0, as FSDP2 shards) of every tensor of the
+    state and calls save_checkpoint(state, run_dir, step) for each step. Per rank: how it ended, how many times
+    it renamed something onto `latest`; per step folder: its files and whether it loads as the whole state."""
+    _quiet_distributed()
+    _warm_dcp()
+    workdir = tempfile.mkdtemp(prefix="ranks-save-")
+    try:
+        os.mkdir(os.path.join(workdir, "run"))
+        pids = _fork_ranks(_saving_rank, world_size, (save_checkpoint, world_size, steps, seed, workdir))
+        codes = _reap(pids, deadline=30.0)
+        ranks = []
+        for rank in range(world_size):
+            path = Path(workdir, f"rank{rank}.json")
+            ranks.append({"exit": codes[rank], **(json.loads(path.read_text()) if path.exists()
+                                                  else {"error": None, "done": False, "pointer_moves": 0})})
+        run_dir = Path(workdir, "run")
+        folders = {}
+        for step in steps:
+            folder = run_dir / f"step_{step}"
+            try:
+                loaded = _load_folder(folder, _state(seed, step)) if folder.is_dir() else None
+                whole = _same_state(loaded, _state(seed, step))
+            except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                whole = False
+            folders[folder.name] = {"files": sorted(p.name for p in folder.iterdir()) if folder.is_dir() else [],
+                                    "whole": whole}
+        return {"ranks": ranks, "folders": folders, "pointer": _read_pointer(run_dir)}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+_rank_saves = Remembered(keep=4)
+
+
+@graded_check("save_checkpoint on 3 real ranks: every rank writes its own shard through dcp.save, rank 0 alone "
+              "moves `latest`")
+def check_save_checkpoint_ranks(save_checkpoint, seed: int = 0) -> None:
+    steps = [4 + 4 * (seed % 3), 8 + 4 * (seed % 3)]
+
+    def run():
+        with failing_if_raised("save_checkpoint on the ranks"):
+            return observe(probe_saves_on_ranks, save_checkpoint, RANKS, steps, seed)
+    seen = _rank_saves((save_checkpoint, seed), run)
+    ranks = seen["ranks"]
+    if any(r["error"] == "NotImplementedError" for r in ranks):
+        raise NotImplementedError("save_checkpoint")
+    story = (f"{RANKS} ranks, each holding its own rows of every tensor, called save_checkpoint(state, run_dir, "
+             f"step) for steps {steps[0]} and {steps[1]}")
+    movers = [r for r, info in enumerate(ranks) if info["pointer_moves"]]
+    expect(movers in ([], [0]),
+           f"{story}: ranks {', '.join(map(str, movers))} moved `latest`. The pointer has one writer, rank 0, once "
+           f"the commit is durable: another rank's move can come before rank 0's fsyncs, and several writers race "
+           f"on the temp file.")
+    failed = [(r, info) for r, info in enumerate(ranks) if not info["done"]]
+    if failed:
+        finished = [r for r, info in enumerate(ranks) if info["done"]]
+        rank, info = failed[0]
+        hint = (f" while rank(s) {', '.join(map(str, finished))} returned from it: dcp.save is a collective. Every "
+                f"rank calls it with its own part of the state, the coordinator writes .metadata once all have, and "
+                f"only then does it return" if finished else "")
+        raise AssertionError(f"{story}: rank {rank} failed inside save_checkpoint "
+                             f"({info['error'] or info['exit']}){hint}.")
+    for name, folder in seen["folders"].items():
+        if not folder["files"]:
+            continue        # no such folder: check_save_checkpoint_new_folder says so
+        writers = sorted(int(m.group(1)) for m in map(re.compile(r"__(\d+)_0\.distcp").fullmatch, folder["files"]) if m)
+        expect(writers == list(range(RANKS)),
+               f"{story}: {name} holds shard files from rank(s) {writers} only ({', '.join(folder['files'])}): the "
+               f"whole state went through one writer (gathered onto rank 0, or saved there alone). Every rank saves "
+               f"its own shard in the same dcp.save; that is what lets a checkpoint be larger than one rank's memory.")
+        expect(folder["whole"],
+               f"{story}: {name} does not load as the whole state (every rank's rows): each rank must hand dcp.save "
+               f"its own part, under the same keys.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,10 +817,14 @@ def _saved(world_size: int, global_batch: int, updates: int) -> dict:
             "samples_seen": [updates * global_batch // world_size] * world_size}
 
 
-def _plan(resume_plan, saved: dict, new_world_size: int, steps: int) -> tuple[str, list]:
+def _plan(resume_plan, saved: dict, new_world_size: int, steps: int, inputs_judged: bool = False) -> tuple[str, list]:
     call = f"resume_plan({saved!r}, new_world_size={new_world_size}, steps={steps})"
+    given = copy.deepcopy(saved)
     with failing_if_raised(call):
-        plan = resume_plan(dict(saved, samples_seen=list(saved["samples_seen"])), new_world_size, steps)
+        plan = resume_plan(given, new_world_size, steps)
+    expect(given == saved or not inputs_judged,
+           f"{call} changed the saved state it was given (afterwards it reads {given!r}). That state is what the "
+           f"checkpoint holds: the next resume, or an audit, reads it too. Compute from it, do not write into it.")
     try:
         plan = [[[int(p) for p in update] for update in rank] for rank in plan]
     except (TypeError, ValueError):
@@ -346,30 +838,38 @@ def _plan(resume_plan, saved: dict, new_world_size: int, steps: int) -> tuple[st
 def _plan_cases(seed: int) -> list[tuple]:
     b = 12
     return [(_saved(4, b, 2 + seed % 3), 3, 3), (_saved(4, b, 3 + seed % 2), 2, 2), (_saved(2, b, 1 + seed % 4), 4, 2),
-            (_saved(3, b, 2), 6, 2)]
+            (_saved(3, b, 2), 6, 2), (_saved(4, b, 0), 3, 2)]
 
 
-@graded_check("resume_plan continues from the global cursor: every position after it once, none before it")
+@graded_check("resume_plan continues from the global cursor: update u trains the u-th global batch after it")
 def check_resume_plan_cursor(resume_plan, seed: int = 0) -> None:
     for saved, new_world_size, steps in _plan_cases(seed):
-        call, plan = _plan(resume_plan, saved, new_world_size, steps)
+        call, plan = _plan(resume_plan, saved, new_world_size, steps, inputs_judged=True)
         cursor = sum(saved["samples_seen"])
         trained = sorted(p for rank in plan for update in rank for p in update)
         expected = list(range(cursor, cursor + len(trained)))
-        if trained == expected:
-            continue
-        replayed = sorted({p for p in trained if p < cursor})
-        twice = len(trained) - len(set(trained))
-        skipped = sorted(set(range(cursor, max(trained, default=cursor))) - set(trained))
-        found = [f"trains {len(replayed)} of them again (e.g. {replayed[:5]})" if replayed else "",
-                 f"trains {twice} positions twice" if twice else "",
-                 f"skips {len(skipped)} positions after the cursor (e.g. {skipped[:5]})" if skipped else ""]
-        found = [f for f in found if f] or [f"trains {trained[:5]}... instead of {expected[:5]}..."]
-        raise AssertionError(
-            f"{call}: the {saved['world_size']} old ranks committed positions 0..{cursor - 1}, and the plan "
-            f"{', '.join(found)}. A rank-local count ('rank r saw k samples of its slice') "
-            f"names a place in a slice that no longer exists once the world size changes. Turn the saved counts "
-            f"into one global cursor first, then deal out the positions after it.")
+        if trained != expected:
+            replayed = sorted({p for p in trained if p < cursor})
+            twice = len(trained) - len(set(trained))
+            skipped = sorted(set(range(cursor, max(trained, default=cursor))) - set(trained))
+            found = [f"trains {len(replayed)} of them again (e.g. {replayed[:5]})" if replayed else "",
+                     f"trains {twice} positions twice" if twice else "",
+                     f"skips {len(skipped)} positions after the cursor (e.g. {skipped[:5]})" if skipped else ""]
+            found = [f for f in found if f] or [f"trains {trained[:5]}... instead of {expected[:5]}..."]
+            raise AssertionError(
+                f"{call}: the {saved['world_size']} old ranks committed positions 0..{cursor - 1}, and the plan "
+                f"{', '.join(found)}. A rank-local count ('rank r saw k samples of its slice') "
+                f"names a place in a slice that no longer exists once the world size changes. Turn the saved counts "
+                f"into one global cursor first, then deal out the positions after it.")
+        updates = [sorted(p for rank in plan for p in rank[u]) for u in range(steps)]
+        for u in range(steps - 1):
+            if updates[u] and updates[u + 1] and updates[u][-1] > updates[u + 1][0]:
+                raise AssertionError(
+                    f"{call}: every position after the cursor is trained once, but not in order: update {u} trains "
+                    f"position {updates[u][-1]} and update {u + 1} position {updates[u + 1][0]}, which comes before "
+                    f"it. In order means that the u-th update trains the u-th global batch after the cursor, split "
+                    f"among the ranks, as the run that never stopped did; the same positions in another order give "
+                    f"other updates.")
 
 
 @graded_check("resume_plan keeps the global batch: each update trains global_batch positions, split evenly")
@@ -387,12 +887,38 @@ def check_resume_plan_global_batch(resume_plan, seed: int = 0) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# PreemptionGuard: real gloo ranks, forked by the probe
+# PreemptionGuard: real gloo ranks, and a scheduler process that decides when the SIGTERMs come
 
 GLOBAL_BATCH = 12
+# The scenarios a cluster produces, one job each: a notice to one rank in the middle of the run, and a node's
+# worth of ranks signalled at once, as early as the first update (before any commit). The scheduler draws the
+# rank(s) and the update itself, in its own process, after the ranks exist: nothing the ranks hold says which
+# job is which, nor when.
+JOBS = ("one", "first")
+STORIES = {"one": "the scheduler's SIGTERM reached one of the {R} ranks in the middle of an update",
+           "first": "the scheduler's SIGTERM reached two of the {R} ranks at once, during the first update, before "
+                    "any commit"}
 
 
-def _guarded_rank(guard_class, rank: int, world_size: int, notice: tuple, steps: int, workdir: str) -> dict:
+def _draw(job: str, world_size: int, steps: int, rng) -> dict:
+    if job == "one":
+        return {"ranks": [rng.randrange(1, world_size)], "update": rng.randrange(2, steps)}
+    return {"ranks": sorted(rng.sample(range(world_size), 2)), "update": 1}
+
+
+class _Channel:
+    """A rank's line to the scheduler: at each update's midpoint it says so and waits for the go-ahead; the
+    scheduler may send it a SIGTERM first. The line carries nothing else."""
+
+    def __init__(self, up: int, down: int):
+        self.up, self.down = up, down
+
+    def mid_update(self) -> None:
+        os.write(self.up, b"u")
+        os.read(self.down, 1)     # a SIGTERM sent before the answer runs the handler inside this read
+
+
+def _guarded_rank(guard_class, rank: int, world_size: int, steps: int, channel: _Channel) -> dict:
     import torch.distributed as dist
     from .helpers import regression_data
 
@@ -420,9 +946,8 @@ def _guarded_rank(guard_class, rank: int, world_size: int, notice: tuple, steps:
                 dist.all_reduce(p.grad)
                 p -= 0.1 * p.grad / world_size
         state["updates"] += 1
-        if (rank, step) == tuple(notice):
-            os.kill(os.getpid(), signal.SIGTERM)     # the scheduler's notice lands mid-update
-        state["cursor"] += GLOBAL_BATCH              # the update commits: weights, count and cursor agree
+        channel.mid_update()                          # the weights moved, the cursor has not
+        state["cursor"] += GLOBAL_BATCH               # the update commits: weights, count and cursor agree
         history.append([p.detach().clone() for p in model.parameters()])
         if guard.at_commit():
             stopped_at = step
@@ -430,145 +955,240 @@ def _guarded_rank(guard_class, rank: int, world_size: int, notice: tuple, steps:
     return {"stopped_at": stopped_at, "updates": state["updates"], "saves": saves}
 
 
-def _first_line(exc: BaseException) -> str:
-    """How a rank ended, in words that are the same on every run (no ports, no C++ locations): a rank whose
-    peer is gone fails inside gloo with a RuntimeError (or a subclass), worded after the socket's fate."""
-    if isinstance(exc, NotImplementedError):     # a RuntimeError too: the answer cell's stub
-        return "NotImplementedError"
-    if isinstance(exc, RuntimeError):
-        return "a collective failed: a peer was gone"
-    return type(exc).__name__
-
-
-def _rank_process(guard_class, rank, world_size, notice, steps, workdir) -> None:
-    code = 1
+def _rank_process(guard_class, rank, world_size, steps, workdir, channel) -> None:
+    code, store = 1, None
     try:
-        silence_this_process()
-        _quiet_distributed()
-        torch.set_num_threads(1)
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-        import torch.distributed as dist
-        store = dist.FileStore(os.path.join(workdir, "store"), world_size)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=10))
-        report = _guarded_rank(guard_class, rank, world_size, notice, steps, workdir)
+        # SIGTERM is blocked while gloo starts its threads (they inherit the mask), then unblocked here only:
+        # the scheduler's signal reaches this thread, and its handler runs inside the channel's read.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        store = _join(workdir, rank, world_size)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        report = _guarded_rank(guard_class, rank, world_size, steps, channel)
         Path(workdir, f"rank{rank}.json").write_text(json.dumps(report))
         code = 0
     except BaseException as exc:
         with contextlib.suppress(Exception):
             Path(workdir, f"rank{rank}.error").write_text(_first_line(exc))
     finally:
+        with contextlib.suppress(Exception):
+            os.close(channel.up)
+        if store is not None:
+            with contextlib.suppress(Exception):
+                _leave_together(store, world_size)
         os._exit(code)
 
 
-def probe_preemption(guard_class, world_size: int, notice: list, steps: int, deadline: float = 20.0) -> list[dict]:
-    """Fork ``world_size`` gloo ranks that train with ``guard_class(save)`` and call ``at_commit()`` after each
-    update; SIGTERM reaches rank notice[0] during update notice[1]. Per rank: how it ended, its report."""
-    workdir = tempfile.mkdtemp(prefix="preempt-")
-    pids = []
+def _not_dumpable() -> None:
+    """The scheduler's memory (the schedule) cannot be read by the ranks through /proc or ptrace."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+
+
+def _schedule_job(job: str, guard_class, world_size: int, steps: int, workdir: str) -> None:
+    """One job's scheduler: fork the ranks, then draw the schedule and signal them by it; write what
+    happened to job.json."""
+    code = 1
     try:
+        silence_this_process()
+        ups = [os.pipe() for _ in range(world_size)]
+        downs = [os.pipe() for _ in range(world_size)]
+        pids = []
         for rank in range(world_size):
             pid = os.fork()
             if pid == 0:
-                _rank_process(guard_class, rank, world_size, notice, steps, workdir)
+                for other in range(world_size):
+                    os.close(ups[other][0])
+                    os.close(downs[other][1])
+                    if other != rank:
+                        os.close(ups[other][1])
+                        os.close(downs[other][0])
+                _rank_process(guard_class, rank, world_size, steps, workdir,
+                              _Channel(ups[rank][1], downs[rank][0]))
             pids.append(pid)
-        codes, end = {}, time.monotonic() + deadline
-        while len(codes) < len(pids) and time.monotonic() < end:
-            for rank, pid in enumerate(pids):
-                if rank not in codes:
-                    done, status = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        codes[rank] = os.waitstatus_to_exitcode(status)
-            time.sleep(0.005)
+        for rank in range(world_size):
+            os.close(ups[rank][1])
+            os.close(downs[rank][0])
+        _not_dumpable()
+        schedule = _draw(job, world_size, steps, random.SystemRandom())   # only now, only here
+        counts, sent = [0] * world_size, []
+        listening = {ups[rank][0]: rank for rank in range(world_size)}
+        end = time.monotonic() + 20
+        while listening and time.monotonic() < end:
+            ready, _, _ = select.select(list(listening), [], [], max(0.0, end - time.monotonic()))
+            for fd in ready:
+                rank = listening[fd]
+                data = os.read(fd, 64)
+                if not data:
+                    del listening[fd]
+                    continue
+                for _ in data:
+                    counts[rank] += 1
+                    if rank in schedule["ranks"] and counts[rank] == schedule["update"]:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pids[rank], signal.SIGTERM)
+                        sent.append([rank, counts[rank]])
+                    with contextlib.suppress(OSError):
+                        os.write(downs[rank][1], b"g")
+        codes = _reap(pids, deadline=max(1.0, end - time.monotonic()))
         ranks = []
-        for rank, pid in enumerate(pids):
-            if rank not in codes:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+        for rank in range(world_size):
             report_path, error_path = Path(workdir, f"rank{rank}.json"), Path(workdir, f"rank{rank}.error")
-            ranks.append({"exit": codes.get(rank, "killed at the deadline"),
+            ranks.append({"exit": codes[rank],
                           "report": json.loads(report_path.read_text()) if report_path.exists() else None,
                           "error": error_path.read_text() if error_path.exists() else None})
-        return ranks
+        Path(workdir, "job.json").write_text(json.dumps({"job": job, "schedule": schedule, "sent": sent,
+                                                         "ranks": ranks}))
+        code = 0
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        os._exit(code)
+
+
+def probe_preemption(guard_class, world_size: int, steps: int) -> list[dict]:
+    """Two jobs at once, one per scenario of JOBS, each of ``world_size`` forked gloo ranks training with
+    ``guard_class(save)`` and calling ``at_commit()`` after each update, under a scheduler process of its own
+    that draws which rank(s) get a SIGTERM and in which update. Per job: the schedule it drew, the signals it
+    sent, and per rank how it ended and its report."""
+    roots = [tempfile.mkdtemp(prefix="preempt-") for _ in JOBS]
+    try:
+        leaders = []
+        for job, workdir in zip(JOBS, roots):
+            pid = os.fork()
+            if pid == 0:
+                _schedule_job(job, guard_class, world_size, steps, workdir)
+            leaders.append(pid)
+        _reap(leaders, deadline=40.0)
+        jobs = []
+        for job, workdir in zip(JOBS, roots):
+            path = Path(workdir, "job.json")
+            jobs.append(json.loads(path.read_text()) if path.exists() else
+                        {"job": job, "schedule": None, "sent": [], "ranks": []})
+        return jobs
+    finally:
+        for workdir in roots:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 _preemptions = Remembered(keep=4)
 
 
-def _preemption(PreemptionGuard, world_size: int, notice: tuple, steps: int) -> list[dict]:
+def _preemption(PreemptionGuard, world_size: int, steps: int) -> list[dict]:
     def run():
         with failing_if_raised("the ranks running PreemptionGuard"):
-            return observe(probe_preemption, PreemptionGuard, world_size, list(notice), steps)
-    ranks = _preemptions((PreemptionGuard, world_size, notice, steps), run)
-    if any(rank["error"] == "NotImplementedError" for rank in ranks):
+            return observe(probe_preemption, PreemptionGuard, world_size, steps)
+    jobs = _preemptions((PreemptionGuard, world_size, steps), run)
+    if any(rank["error"] == "NotImplementedError" for job in jobs for rank in job["ranks"]):
         raise NotImplementedError("PreemptionGuard")     # the stub: the runner says "not answered yet"
-    return ranks
+    for job in jobs:
+        expect(job["schedule"] is not None and len(job["ranks"]) == world_size,
+               f"The job in which {STORIES[job['job']].format(R=world_size)} did not report back: its ranks did not "
+               f"end within 40 s.")
+    return jobs
 
 
-def _story(world_size: int, notice: tuple) -> str:
-    return (f"{world_size} ranks; the scheduler's SIGTERM reached rank {notice[0]} in the middle of update "
-            f"{notice[1]}")
-
-
-def _ending(rank: dict) -> str:
+def _ending(rank: dict, notice: int) -> str:
     report = rank["report"]
     if report is None:
-        return f"died ({rank['error'] or rank['exit']})"
-    if report["stopped_at"] is None:
+        return ("ended by the SIGTERM itself: no handler was installed" if rank["exit"] == -signal.SIGTERM
+                else f"died ({rank['error'] or rank['exit']})")
+    stopped = report["stopped_at"]
+    if stopped is None:
         return f"never stopped (ran all {report['updates']} updates)"
-    return f"stopped after update {report['stopped_at']}"
+    if stopped == notice:
+        return "stopped at that update's commit"
+    return (f"stopped {stopped - notice} commit{'s' * (stopped - notice > 1)} later" if stopped > notice
+            else "stopped before the notice came")
+
+
+def _summary(job: dict) -> str:
+    notice, signalled = job["schedule"]["update"], set(job["schedule"]["ranks"])
+    groups = [("the rank that got it" if len(signalled) == 1 else "the two that got it",
+               [r for r in range(len(job["ranks"])) if r in signalled]),
+              ("the other rank" if len(job["ranks"]) - len(signalled) == 1 else
+               f"the other {len(job['ranks']) - len(signalled)}",
+               [r for r in range(len(job["ranks"])) if r not in signalled])]
+    parts = []
+    for label, members in groups:
+        endings = sorted({_ending(job["ranks"][r], notice) for r in members})
+        parts.append(f"{label}: {' / '.join(endings)}")
+    return "; ".join(parts)
+
+
+def _story(job: dict, world_size: int) -> str:
+    return STORIES[job["job"]].format(R=world_size)
 
 
 @graded_check("PreemptionGuard stops every rank at the same commit, the first one after the notice")
 def check_preemption_guard_same_boundary(PreemptionGuard, seed: int = 0, world_size: int = 3,
-                                         notice: tuple = (1, 3), steps: int = 8) -> None:
-    ranks = _preemption(PreemptionGuard, world_size, tuple(notice), steps)
-    endings = [_ending(r) for r in ranks]
-    summary = "; ".join(f"rank {r}: {e}" for r, e in enumerate(endings))
-    stops = {r["report"]["stopped_at"] if r["report"] else None for r in ranks}
-    if stops == {notice[1]} and all(r["exit"] == 0 for r in ranks):
-        return
-    if None in stops and any(r["report"] and r["report"]["stopped_at"] == notice[1] for r in ranks):
-        trap = ("Only the rank that got the notice stopped; the others went on to the next collective and met a "
-                "dead peer. A flag is local to one process: at the commit, every rank must learn whether any rank "
-                "got a notice (one all_reduce of the flags).")
-    elif all(r["report"] and r["report"]["stopped_at"] is None for r in ranks):
-        trap = ("No rank stopped: the scheduler's SIGKILL at the end of the grace period would take the job, and "
-                "every update since the last checkpoint with it. One rank's notice must stop all ranks: how do "
-                "your ranks combine their flags?")
-    elif any(r["error"] for r in ranks):
-        trap = ("A rank ended outside the commit: a signal handler that saves or exits runs in the middle of "
-                "whatever the rank was doing, and the other ranks wait for it in a collective that never comes. "
-                "Let the handler only set a flag.")
-    else:
-        trap = ("The ranks must stop together at the first commit after the notice: the grace period is short, "
-                "and ranks that stop at different updates leave checkpoints that disagree.")
-    raise AssertionError(f"{_story(world_size, tuple(notice))}: {summary}. {trap}")
+                                         notice: tuple | None = None, steps: int = 8) -> None:
+    # `notice` is still accepted from test cells released before the scheduler drew the schedule itself.
+    for job in _preemption(PreemptionGuard, world_size, steps):
+        ranks, update, signalled = job["ranks"], job["schedule"]["update"], set(job["schedule"]["ranks"])
+        stops = {r["report"]["stopped_at"] if r["report"] else None for r in ranks}
+        if stops == {update} and all(r["exit"] == 0 for r in ranks):
+            continue
+        if any(ranks[r]["report"] is None and ranks[r]["exit"] == -signal.SIGTERM for r in signalled):
+            trap = ("The SIGTERM found no handler and ended the rank on the spot (Python's default). "
+                    + ("This notice came before the first commit: install the handler in __init__, before training "
+                       "starts, not at the first at_commit." if job["job"] == "first" else
+                       "Install the handler in __init__."))
+        elif (all(ranks[r]["report"] and ranks[r]["report"]["stopped_at"] == update for r in signalled)
+              and any(ranks[r]["report"] is None or ranks[r]["report"]["stopped_at"] != update
+                      for r in range(len(ranks)) if r not in signalled)):
+            trap = ("Only the rank that got the notice stopped; the others went on to the next collective and met a "
+                    "dead peer. A flag is local to one process: at the commit, every rank must learn whether any rank "
+                    "got a notice (one all_reduce of the flags).")
+        elif all(r["report"] and r["report"]["stopped_at"] is None for r in ranks):
+            trap = ("No rank stopped: the scheduler's SIGKILL at the end of the grace period would take the job, and "
+                    "every update since the last checkpoint with it. One rank's notice must stop all ranks"
+                    + (", and notices can reach several ranks at once" if len(signalled) > 1 else "")
+                    + ": how do your ranks combine their flags?")
+        elif any(r["error"] for r in ranks):
+            trap = ("A rank ended outside the commit: a signal handler that saves or exits runs in the middle of "
+                    "whatever the rank was doing, and the other ranks wait for it in a collective that never comes. "
+                    "Let the handler only set a flag.")
+        else:
+            trap = ("The ranks must stop together at the first commit after the notice: the grace period is short, "
+                    "and ranks that stop at different updates leave checkpoints that disagree.")
+        raise AssertionError(f"{world_size} ranks; {_story(job, world_size)}: {_summary(job)}. {trap}")
+
+
+def _torn(record: dict) -> str | None:
+    """What is wrong with a saved record, in words that do not depend on the update: None when weights,
+    count and cursor all belong to one commit."""
+    weights, count, cursor = record["weights_of_update"], record["updates"], record["cursor"] // GLOBAL_BATCH
+    if weights is None:
+        return "weights that belong to no commit"
+    if weights == count == cursor and record["cursor"] % GLOBAL_BATCH == 0:
+        return None
+    ahead = weights - cursor
+    return (f"weights {ahead} update{'s' * (abs(ahead) != 1)} {'ahead of' if ahead >= 0 else 'behind'} its cursor "
+            f"(and {count - cursor:+d} in its update count)")
 
 
 @graded_check("PreemptionGuard has every rank save once, at that commit: weights, count and cursor of one update")
-def check_preemption_guard_saves(PreemptionGuard, seed: int = 0, world_size: int = 3, notice: tuple = (1, 3),
+def check_preemption_guard_saves(PreemptionGuard, seed: int = 0, world_size: int = 3, notice: tuple | None = None,
                                  steps: int = 8) -> None:
-    ranks = _preemption(PreemptionGuard, world_size, tuple(notice), steps)
-    story = _story(world_size, tuple(notice))
-    for rank, seen in enumerate(ranks):
-        for record in (seen["report"] or {}).get("saves", []):
-            torn = (record["weights_of_update"] != record["updates"]
-                    or record["cursor"] != record["updates"] * GLOBAL_BATCH)
-            expect(not torn,
-                   f"{story}: rank {rank} saved "
-                   f"{'weights of no committed update' if record['weights_of_update'] is None else 'the weights of update ' + str(record['weights_of_update'])} with "
-                   f"{record['updates']} updates counted and a cursor of {record['cursor']} positions "
-                   f"({record['cursor'] // GLOBAL_BATCH} updates): a state from the middle of an update. A signal "
-                   f"handler runs between two lines of the training loop, wherever it happens to be; a save "
-                   f"inside it writes a half-done update, and on that one rank only. Save at the commit.")
-    for rank, seen in enumerate(ranks):
-        expect(seen["report"] is not None,
-               f"{story}: rank {rank} {_ending(seen)}, so its saves are unknown. A preemption handler must leave one "
-               f"checkpoint that every rank wrote, at the same commit.")
-        saves = seen["report"]["saves"]
-        expect(len(saves) == 1,
-               f"{story}: rank {rank} saved {len(saves)} times. Every rank must save exactly once, at the commit "
-               f"where all of them stop: a checkpoint missing one rank's shard is not a checkpoint.")
+    for job in _preemption(PreemptionGuard, world_size, steps):
+        story, signalled = _story(job, world_size), set(job["schedule"]["ranks"])
+        # the ranks that got the notice first: which rank numbers they have is the scheduler's draw
+        order = sorted(range(len(job["ranks"])), key=lambda r: r not in signalled)
+        for rank, seen in ((r, job["ranks"][r]) for r in order):
+            who = "a rank that got the notice" if rank in signalled else "a rank that did not get it"
+            for record in (seen["report"] or {}).get("saves", []):
+                torn = _torn(record)
+                expect(torn is None,
+                       f"{world_size} ranks; {story}: {who} saved {torn}: a state from the middle of an update. A "
+                       f"signal handler runs between two lines of the training loop, wherever it happens to be; a "
+                       f"save inside it writes a half-done update, and on that one rank only. Save at the commit.")
+        for rank, seen in ((r, job["ranks"][r]) for r in order):
+            who = "a rank that got the notice" if rank in signalled else "a rank that did not get it"
+            expect(seen["report"] is not None,
+                   f"{world_size} ranks; {story}: {who} {_ending(seen, job['schedule']['update'])}, so its saves are "
+                   f"unknown. A preemption handler must leave one checkpoint that every rank wrote, at the same "
+                   f"commit.")
+            saves = seen["report"]["saves"]
+            expect(len(saves) == 1,
+                   f"{world_size} ranks; {story}: {who} saved {len(saves)} times. Every rank must save exactly once, "
+                   f"at the commit where all of them stop: a checkpoint missing one rank's shard is not a checkpoint.")

@@ -11,8 +11,11 @@ the update at global cursor ``c`` trains positions ``c .. c + GLOBAL_BATCH - 1``
 global order, rank r taking positions ``c + r, c + r + R, ...`` (notebook 07's layout), so the
 update is the same whatever the number of ranks, up to the order in which the gradient sums.
 
-This module also holds the reference versions of the notebook's fixes (``save_checkpoint``,
-``latest_checkpoint``, ``PreemptionGuard``), which the ranks run.
+What the jobs show is the bug and the mechanism. They save with ``dcp.save`` alone (enough
+against the SIGKILLs they suffer: the point of the commit marker), resume from a folder the
+notebook names, and stop on a SIGTERM only in the two ways the notebook shows to be wrong.
+The exercises' answers (the loader, the durable save with its pointer, the guard that stops
+every rank at one commit) are nowhere in this module.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch._dynamo  # noqa: F401  (torch.optim imports it at the first step: o
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.staging import DefaultStager
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
@@ -49,11 +53,29 @@ from .rank_server import start_rank_server
 N = 48                 # dataset size: 4 global batches per epoch
 GLOBAL_BATCH = 12      # divisible by 4, 3 and 2 ranks
 LEARNING_RATE = 0.05
-POINTER = "latest"
 METADATA = ".metadata"  # DCP's coordinator writes it last: the commit marker
 
 
 quiet_distributed()
+
+
+# ---- the APIs the notebook relies on, as this build has them -----------------------------------
+
+def api_notes() -> list[tuple[str, str, str]]:
+    """(API, since which release, what this build says about it): each read from the installed torch."""
+    import inspect
+    async_source = inspect.getsource(dcp.async_save)
+    return [
+        ("torch.distributed.fsdp.fully_shard", "public since 2.6 (2.4-2.5: torch.distributed._composable.fsdp)",
+         f"here from {fully_shard.__module__}"),
+        ("dcp.save / dcp.load", "since 2.2 (before: save_state_dict / load_state_dict)",
+         f"here: {callable(dcp.save) and callable(dcp.load)}"),
+        ("get/set_model_state_dict, get/set_optimizer_state_dict", "since 2.2",
+         f"here from {get_optimizer_state_dict.__module__}"),
+        ("dcp.async_save", "since 2.3",
+         f"here: {'experimental' if 'experimental' in (dcp.async_save.__doc__ or '') else 'not marked experimental'}"
+         f", {'needs a CPU backend' if 'A CPU backend must be enabled' in async_source else 'no CPU-backend check'}"),
+    ]
 
 
 # ---- the data: a global order and a global cursor ---------------------------------------------
@@ -69,8 +91,6 @@ def rank_positions(cursor: int, global_batch: int, world_size: int, rank: int) -
     return list(range(cursor + rank, cursor + global_batch, world_size))
 
 
-# ---- the fixes: a step folder per commit, a pointer moved atomically, a loader that takes committed folders
-
 @contextlib.contextmanager
 def quiet_logs():
     """DCP logs its failures through the *root* logger, with tracebacks: keep them out of a demo that
@@ -82,48 +102,8 @@ def quiet_logs():
         logging.disable(logging.NOTSET)
 
 
-def step_of(name: str) -> int | None:
-    match = re.fullmatch(r"step_(\d+)", name)
-    return int(match.group(1)) if match else None
-
-
-def is_committed(folder) -> bool:
+def has_marker(folder) -> bool:
     return (Path(folder) / METADATA).is_file()
-
-
-def latest_checkpoint(run_dir) -> str | None:
-    """The newest committed step folder of ``run_dir`` (largest n of step_<n> holding .metadata), or None."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return None
-    steps = [(step_of(p.name), p) for p in run_dir.iterdir() if p.is_dir() and step_of(p.name) is not None]
-    committed = [(n, p) for n, p in steps if is_committed(p)]
-    return str(max(committed)[1]) if committed else None
-
-
-def write_pointer(run_dir, name: str) -> None:
-    """Replace run_dir/latest atomically with ``name`` (notebook 05's rule: temp file, fsync, rename, fsync)."""
-    run_dir = Path(run_dir)
-    tmp = run_dir / (POINTER + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(name)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, run_dir / POINTER)
-    folder = os.open(run_dir, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-
-
-def save_checkpoint(state: dict, run_dir, step: int, storage_writer=None) -> str:
-    """Every rank calls it: DCP writes step_<step>/ (.metadata last), then rank 0 moves the pointer."""
-    folder = Path(run_dir) / f"step_{step}"
-    dcp.save(state, checkpoint_id=folder, storage_writer=storage_writer)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        write_pointer(run_dir, folder.name)
-    return str(folder)
 
 
 class DiesWhileSaving(FileSystemWriter):
@@ -143,29 +123,10 @@ class DiesWhileSaving(FileSystemWriter):
         return result
 
 
-class PreemptionGuard:
-    """The handler only sets a flag; at each commit every rank joins one all_reduce(MAX) of the flags."""
+# ---- two SIGTERM handlers, both wrong: the notebook shows why --------------------------------------
 
-    def __init__(self, save):
-        self.save = save
-        self.requested = False
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum, frame):
-        self.requested = True          # no I/O here: the update may be half done
-
-    def at_commit(self) -> bool:
-        flag = torch.tensor([1 if self.requested else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)   # one rank's notice stops every rank, here
-        if flag.item():
-            self.save()
-            return True
-        return False
-
-
-class SavesInTheHandler:
-    """The handler a deadline suggests: save right now, on the rank that got the notice (training then goes
-    on until the scheduler's SIGKILL)."""
+class SavesAndExits:
+    """The handler a deadline suggests: save right now, on the rank that got the notice, and exit."""
 
     def __init__(self, save):
         self.save = save
@@ -173,12 +134,30 @@ class SavesInTheHandler:
 
     def _on_sigterm(self, signum, frame):
         self.save()
+        sys.exit(0)              # SystemExit, raised wherever this rank happened to be
 
     def at_commit(self) -> bool:
         return False
 
 
-GUARDS = {"flag_then_agree": PreemptionGuard, "save_in_handler": SavesInTheHandler}
+class StopsOnItsOwnFlag:
+    """Half of the cure: the handler only sets a flag, read at the commit, but each rank reads its own."""
+
+    def __init__(self, save):
+        self.save = save
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        self.requested = True
+
+    def at_commit(self) -> bool:
+        if self.requested:
+            self.save()
+        return self.requested
+
+
+GUARDS = {"save_and_exit": SavesAndExits, "own_flag_only": StopsOnItsOwnFlag}
 
 
 # ---- one rank's training ----------------------------------------------------------------------
@@ -194,10 +173,12 @@ class Training:
 
     def state(self) -> dict:
         return {"model": get_model_state_dict(self.model),
-                "optim": get_optimizer_state_dict(self.model, self.optimizer),   # moments included, even when fresh
+                "optim": get_optimizer_state_dict(self.model, self.optimizer),
                 "train": {"cursor": self.cursor, "losses": list(self.losses)}}
 
     def load(self, folder) -> None:
+        # The template is built right before the load, on an optimizer that has no gradients yet:
+        # get_optimizer_state_dict then gives it Adam's state (moments included) for DCP to fill in.
         state = self.state()
         dcp.load(state, checkpoint_id=folder)
         set_model_state_dict(self.model, state["model"])
@@ -216,7 +197,8 @@ _DATA = regression_data(n=N, in_features=8, seed=1)
 
 
 def _update(run: Training, world_size: int, rank: int) -> None:
-    """One optimizer update on the global batch at the cursor; FSDP2 averages the gradient over ranks."""
+    """One optimizer update on the global batch at the cursor; FSDP2 averages the gradient over ranks.
+    The loss logged is the mean of the ranks' mean losses (what a training log prints)."""
     X, y = _DATA
     indices = [global_order(p) for p in rank_positions(run.cursor, GLOBAL_BATCH, world_size, rank)]
     loss = torch.nn.functional.mse_loss(run.model(X[indices]), y[indices])
@@ -232,20 +214,17 @@ def _commit(run: Training) -> None:
     run.cursor += GLOBAL_BATCH
 
 
-def _shard_rows(run: Training) -> dict[str, list[int]]:
-    """Which rows of each parameter this rank holds (FSDP2 shards dim 0)."""
-    rows = {}
+def _shards(run: Training, world_size: int) -> dict[str, list]:
+    """Per parameter, the [first, end) rows of dim 0 that each rank holds (FSDP2 shards dim 0): every rank's
+    local row count, gathered (a collective), then laid end to end in rank order."""
+    out = {}
     for name, param in run.model.named_parameters():
-        local = param.to_local()
-        offset = param.placements[0].dim == 0 and _dim0_offset(param)
-        rows[name] = [offset, offset + local.shape[0]] if local.numel() else [0, 0]
-    return rows
-
-
-def _dim0_offset(param) -> int:
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    _, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-    return int(offset[0])
+        count = torch.tensor([param.to_local().shape[0]])
+        counts = [torch.zeros_like(count) for _ in range(world_size)]
+        dist.all_gather(counts, count)
+        ends = torch.cumsum(torch.cat(counts), 0).tolist()
+        out[name] = {"shape": list(param.shape), "rows": [[end - int(c), end] for end, c in zip(ends, counts)]}
+    return out
 
 
 def _full_weights(run: Training) -> dict[str, torch.Tensor]:
@@ -254,36 +233,43 @@ def _full_weights(run: Training) -> dict[str, torch.Tensor]:
 
 
 def task_train(rank: int, world_size: int, *, run_dir: str, steps: int, save_every: int = 0,
-               resume: bool = False, die: tuple | None = None) -> dict:
-    """Train to ``steps`` updates in all (resuming first from the newest committed checkpoint, if asked),
-    saving every ``save_every`` updates; ``die=(rank, step)`` kills that rank while it saves that step."""
+               resume_from: str | None = None, die: tuple | None = None) -> dict:
+    """Train to ``steps`` updates in all (loading ``resume_from`` first, if given), saving every
+    ``save_every`` updates into run_dir/step_<n> with dcp.save; ``die=(rank, step)`` kills that rank while it
+    saves that step. Rank 0 also returns the full weights after every update (the others return None)."""
     run = _build(world_size)
-    resumed_from = None
-    if resume:
-        resumed_from = latest_checkpoint(run_dir)
-        run.load(resumed_from)
+    if resume_from:
+        run.load(resume_from)
     loaded = {"cursor": run.cursor, "weights": _full_weights(run)}
-    saved_weights = {}
+    weights_after, shards = {}, _shards(run, world_size)
+
+    def so_far() -> dict:
+        return {"losses": list(run.losses), "cursor": run.cursor, "loaded": loaded, "shards": shards,
+                "weights_after": dict(weights_after) if rank == 0 else None,
+                "moments": sorted({key for v in run.optimizer.state.values() for key in v})}
+
     while run.cursor < steps * GLOBAL_BATCH:
         _update(run, world_size, rank)
         _commit(run)
         step = run.cursor // GLOBAL_BATCH
+        weights_after[step] = _full_weights(run)
         if save_every and step % save_every == 0:
-            saved_weights[step] = _full_weights(run)
-            writer = DiesWhileSaving(Path(run_dir) / f"step_{step}", die[0]) if die and die[1] == step else None
-            save_checkpoint(run.state(), run_dir, step, storage_writer=writer)
-    return {"losses": run.losses, "cursor": run.cursor, "resumed_from": resumed_from, "loaded": loaded,
-            "shard_rows": _shard_rows(run), "weights": _full_weights(run), "saved_weights": saved_weights,
-            "moments": sorted({key for v in run.optimizer.state.values() for key in v})}
+            _report_so_far(so_far())          # what this rank has trained, should the save kill the job
+            folder = Path(run_dir) / f"step_{step}"
+            writer = DiesWhileSaving(folder, die[0]) if die and die[1] == step else None
+            dcp.save(run.state(), checkpoint_id=folder, storage_writer=writer)
+    return so_far()
 
 
 def task_preempt(rank: int, world_size: int, *, run_dir: str, steps: int, guard: str,
                  notice: tuple[int, int]) -> dict:
-    """Train with a preemption guard; the scheduler's SIGTERM reaches rank notice[0] in the middle of update
-    notice[1], after the weights moved and before the cursor did. The guard's ``save`` writes this rank's
-    state with torch.save (rank<r>.pt): which step, which cursor, which weights."""
+    """Train (plain data parallel: every rank holds every weight) with one of the two wrong guards. Rank
+    notice[0] gets a SIGTERM in the middle of update notice[1], after the weights moved and before the cursor
+    did: it sends it to itself there, so that the demo is the same on every run. The guard's ``save`` writes
+    this rank's state with torch.save (rank<r>.pt): which update, which cursor, which weights. A rank whose
+    collective fails (a peer is gone) says so and ends."""
     run = _build(world_size, shard=False)
-    for param in run.model.parameters():     # plain data parallel: every rank holds every weight
+    for param in run.model.parameters():
         dist.broadcast(param.data, 0)
     saved: list[dict] = []
 
@@ -294,50 +280,85 @@ def task_preempt(rank: int, world_size: int, *, run_dir: str, steps: int, guard:
         torch.save(saved, Path(run_dir) / f"rank{rank}.pt")
 
     stopper = GUARDS[guard](save)
-    stopped_at = None
+    stopped_at = failed_at = None
     for step in range(1, steps + 1):
         X, y = _DATA
         indices = [global_order(p) for p in rank_positions(run.cursor, GLOBAL_BATCH, world_size, rank)]
         loss = torch.nn.functional.mse_loss(run.model(X[indices]), y[indices])
         run.optimizer.zero_grad()
         loss.backward()
+        try:
+            for param in run.model.parameters():
+                dist.all_reduce(param.grad)
+        except RuntimeError:                 # gloo: a peer closed its connection
+            failed_at = step
+            break
         for param in run.model.parameters():
-            dist.all_reduce(param.grad)
             param.grad /= world_size
         run.optimizer.step()
         run.losses.append(loss.item())
-        if (rank, step) == notice:
+        if (rank, step) == tuple(notice):
             os.kill(os.getpid(), signal.SIGTERM)     # the notice lands mid-update
         _commit(run)
         if stopper.at_commit():
             stopped_at = step
             break
-    return {"stopped_at": stopped_at, "updates": len(run.losses), "saved": len(saved)}
+    return {"stopped_at": stopped_at, "failed_at": failed_at, "updates": len(run.losses), "saved": len(saved)}
+
+
+@contextlib.contextmanager
+def _watched_staging():
+    """Record what DefaultStager.stage returns: the copy async_save writes from, when no stager is given."""
+    staged = []
+    original = DefaultStager.stage
+
+    def stage(self, state_dict, **kwargs):
+        result = original(self, state_dict, **kwargs)
+        staged.append(result)
+        return result
+
+    DefaultStager.stage = stage
+    try:
+        yield staged
+    finally:
+        DefaultStager.stage = original
+
+
+def _storages(state: dict) -> set[int]:
+    local = (t.to_local() if hasattr(t, "to_local") else t for t in state.values())
+    return {t.untyped_storage().data_ptr() for t in local if torch.is_tensor(t) and t.numel()}
 
 
 def task_async_save(rank: int, world_size: int, *, run_dir: str) -> dict:
-    """dcp.async_save captures the state at the call: change the weights right after, then load."""
+    """dcp.async_save captures the state at the call: change the weights right after, then load. The staged
+    copy (what DefaultStager returned) is compared with the live shards: shared storage would be no copy."""
     run = _build(world_size)
     _update(run, world_size, rank)
     before = _full_weights(run)
+    state = {"model": get_model_state_dict(run.model)}
     started = time.perf_counter()
-    future = dcp.async_save({"model": get_model_state_dict(run.model)}, checkpoint_id=Path(run_dir) / "step_1")
+    with _watched_staging() as staged:
+        future = dcp.async_save(state, checkpoint_id=Path(run_dir) / "step_1")
     returned_after = time.perf_counter() - started
+    shares_storage = [bool(_storages(copy["model"]) & _storages(state["model"])) for copy in staged]
     with torch.no_grad():
         for param in run.model.parameters():
             param.add_(1.0)                       # training goes on while the save is written
     future.result()
-    committed_after_wait = is_committed(Path(run_dir) / "step_1")
+    committed_after_wait = has_marker(Path(run_dir) / "step_1")
     state = {"model": get_model_state_dict(run.model)}
     dcp.load(state, checkpoint_id=Path(run_dir) / "step_1")
     set_model_state_dict(run.model, state["model"])
     loaded = _full_weights(run)
     shard_bytes = sum(p.to_local().numel() * p.element_size() for p in run.model.parameters())
     return {"returned_after": returned_after, "committed_after_wait": committed_after_wait, "shard_bytes": shard_bytes,
+            "staged_by_default_stager": len(staged), "staged_shares_storage": shares_storage,
+            "backends": str(dist.get_backend()),
             "max_diff_before_change": max(float((loaded[k] - before[k]).abs().max()) for k in before)}
 
 
 TASKS = {"train": task_train, "preempt": task_preempt, "async_save": task_async_save}
+TOGETHER = {"train", "async_save"}     # tasks whose ranks all reach the end; preempt's ranks part ways on purpose
 
 
 # ---- the launcher -------------------------------------------------------------------------------
@@ -370,13 +391,13 @@ if _in_the_rank_server():
 class RanksReport:
     world_size: int
     exit_codes: dict[int, int | None]
-    results: dict[int, dict]          # rank -> what its task returned (ranks that finished)
+    results: dict[int, dict]          # rank -> what its task returned, or had reported when it was stopped
     errors: dict[int, str]
     seconds: float
 
     def how(self, rank: int) -> str:
         code = self.exit_codes[rank]
-        return ("finished" if code == 0 and rank in self.results else "exited 0 early" if code == 0
+        return ("finished" if code == 0 and rank in self.results else "exited early, without a result" if code == 0
                 else "killed by SIGKILL" if code == -signal.SIGKILL
                 else f"failed: {_without_address(self.errors[rank])}" if rank in self.errors
                 else "stopped by the launcher after a rank died" if code in (-signal.SIGTERM, 1) else f"exit {code}")
@@ -387,14 +408,24 @@ def _without_address(error: str) -> str:
     return re.sub(r" ?\[?[0-9.]+\]?:[0-9]+", "", error)
 
 
+_RESULT: list[Path] = []     # in a rank: where its task's result goes
+
+
+def _report_so_far(result: dict) -> None:
+    """Write a task's result before a step that may end the job: a rank killed there still reports."""
+    torch.save(result, _RESULT[0])
+
+
 def _entry(rank: int, task: str, world_size: int, port: int, workdir: str, kwargs: dict) -> None:
+    _RESULT[:] = [Path(workdir) / f"{task}_result{rank}.pt"]
     _silence_this_process(Path(workdir) / f"{task}_rank{rank}.log")
     quiet_distributed()
     store = join_gloo_group(rank, world_size, port, timeout_s=20)
     result = TASKS[task](rank, world_size, **kwargs)
-    torch.save(result, Path(workdir) / f"{task}_result{rank}.pt")
-    dist.barrier()   # every rank reaches it, so none is left waiting below
-    leave_together(store, world_size)
+    torch.save(result, _RESULT[0])
+    if task in TOGETHER:
+        dist.barrier()   # every rank reaches it, so none is left waiting below
+        leave_together(store, world_size)
 
 
 def run_ranks(task: str, world_size: int, workdir: str | None = None, **kwargs) -> RanksReport:

@@ -4,6 +4,9 @@
   blocks. A document that does not fit in what is left of a block starts a new one (the rest of the
   block is padding); a document longer than a block is split over several. Every block says which
   stretches of which documents it holds (``spans``: ``(doc, start, stop)``, half-open).
+* ``chunked_batches``: concatenate-and-chunk packing: documents end to end, cut every ``block_len``
+  tokens, so a block may hold the end of one document and the start of the next and only the last
+  block is padded. There a token slot is a source token.
 * ``budget_batches``: batches built to a token budget, one document per row, padded to the longest
   row: the number of rows changes from batch to batch.
 * ``ShardedStream``: an ``IterableDataset`` over partitions of records ``(partition, offset)``, with
@@ -114,6 +117,28 @@ def packed_batches(doc_lengths, block_len: int, batch_size: int, start=(0, 0)) -
     return batches
 
 
+def chunk_spans(doc_lengths, block_len: int, start=(0, 0)):
+    """Concatenate-and-chunk: the spans of each full block of ``block_len`` source tokens, from ``start``."""
+    doc, offset = _normalised(doc_lengths, *start)
+    block, space = [], block_len
+    while doc < len(doc_lengths):
+        take = min(space, doc_lengths[doc] - offset)
+        block.append((doc, offset, offset + take))
+        space -= take
+        doc, offset = _normalised(doc_lengths, doc, offset + take)
+        if space == 0:
+            yield block
+            block, space = [], block_len
+    if block:
+        yield block
+
+
+def chunked_batches(doc_lengths, block_len: int, batch_size: int, start=(0, 0)) -> list[dict]:
+    """Batches of concatenate-and-chunk blocks (see chunk_spans), as packed_batches makes padded ones."""
+    blocks = [block_tensors(spans, block_len) for spans in chunk_spans(doc_lengths, block_len, start)]
+    return [collate_blocks(blocks[i:i + batch_size]) for i in range(0, len(blocks), batch_size)]
+
+
 # ---- batches built to a token budget -------------------------------------------------------------
 
 def budget_batches(doc_lengths, token_budget: int, start=(0, 0)) -> list[dict]:
@@ -173,7 +198,8 @@ class ShardedStream(IterableDataset):
     reads, with owner = rank x num_workers + worker. Without a plan each owner reads the partitions
     ``p % owners == owner`` from their start. ``sharded=False`` reproduces a stream that never looks at
     ``get_worker_info()``: every worker reads everything. ``state_dict`` is the offsets this copy of the
-    dataset has handed out (per worker, under a DataLoader)."""
+    dataset has handed out (per worker, under a DataLoader), every partition it owns listed from its first
+    iteration on (one it has not started yet at its first offset)."""
 
     def __init__(self, partition_lengths, rank: int = 0, world_size: int = 1, plan=None, sharded: bool = True):
         self.partition_lengths = list(partition_lengths)
@@ -191,9 +217,11 @@ class ShardedStream(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
-        for partition, first in self.owned(worker, num_workers):
-            start = self.offsets.get(partition, first)
-            self.offsets.setdefault(partition, start)
+        owned = self.owned(worker, num_workers)
+        for partition, first in owned:          # the state lists every partition owned, started or not
+            self.offsets.setdefault(partition, first)
+        for partition, _ in owned:
+            start = self.offsets[partition]
             for offset in range(start, self.partition_lengths[partition]):
                 self.offsets[partition] = offset + 1
                 yield (partition, offset)
