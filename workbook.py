@@ -13,7 +13,8 @@
                                   --scheduler tcp://HOST:PORT grades on a Dask cluster)
     python3 workbook.py worker tcp://HOST:PORT   a grading worker of that cluster, on this machine
     python3 workbook.py release   regenerate notebooks/ from solutions/ with nbgrader (authors;
-                                  add names or prefixes such as 04 to release only those)
+                                  add names or prefixes such as 04 to release only those;
+                                  --student-package DIR: then write what students get into DIR)
 
 Extra arguments go to the tool underneath (jupyter lab, pytest, workbook-check).
 The environment is reinstalled only when pyproject.toml has changed.
