@@ -6,8 +6,9 @@ server as that user):
 
     cd /srv/jupyterhub && /opt/workbook-hub/bin/jupyterhub -f /etc/jupyterhub/jupyterhub_config.py
 
-The settings below read these environment variables, so that the same file serves a class and a
-trial (the repository's end-to-end test starts the hub with it):
+The settings below read these environment variables (setup_hub.sh writes the values it was given at the
+top of the installed copy), so that the same file serves a class and a trial (the repository's
+end-to-end test starts the hub with it):
 
     WORKBOOK_HUB_ENV            the environment every server and kernel runs in, built from the student
                                 distribution (default /opt/workbook-hub)

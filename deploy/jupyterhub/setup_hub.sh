@@ -16,6 +16,9 @@
 #   WORKBOOK_JUPYTER_CONFIG_DIR       /etc/jupyter             the global nbgrader_config.py
 #   WORKBOOK_EXCHANGE                 /srv/nbgrader/exchange   nbgrader's exchange
 #   WORKBOOK_HUB_STATE                /srv/jupyterhub          the hub's database and cookie secret
+#   WORKBOOK_HUB_AUTHENTICATOR        pam                      or dummy: any password (a trial nobody else reaches)
+#
+# The hub's settings among these are written into the installed jupyterhub_config.py.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +30,7 @@ hub_config=${WORKBOOK_HUB_CONFIG_DIR:-/etc/jupyterhub}
 jupyter_config=${WORKBOOK_JUPYTER_CONFIG_DIR:-/etc/jupyter}
 exchange=${WORKBOOK_EXCHANGE:-/srv/nbgrader/exchange}
 state=${WORKBOOK_HUB_STATE:-/srv/jupyterhub}
+authenticator=${WORKBOOK_HUB_AUTHENTICATOR:-pam}
 course_id=$(sed -n 's/^c\.CourseDirectory\.course_id = "\(.*\)"$/\1/p' "$here/nbgrader_config.py")
 owner=${instructors%% *}
 
@@ -61,7 +65,15 @@ say "instructor extensions off in $hub_env, on for: $instructors"
 
 # 3. The configuration: the hub's, the instructors' servers', and nbgrader's for everyone.
 install -d -m 755 "$hub_config" "$hub_config/instructor/labconfig" "$jupyter_config"
-install -m 644 "$here/jupyterhub_config.py" "$hub_config/jupyterhub_config.py"
+{ # the settings this was run with, so that the hub starts with them (variables set then still win)
+  echo "import os"
+  for setting in "WORKBOOK_HUB_ENV=$hub_env" "WORKBOOK_HUB_GROUP=$group" "WORKBOOK_HUB_INSTRUCTORS=$instructors" \
+                 "WORKBOOK_HUB_INSTRUCTOR_CONFIG=$hub_config/instructor" "WORKBOOK_HUB_AUTHENTICATOR=$authenticator"; do
+    echo "os.environ.setdefault('${setting%%=*}', '${setting#*=}')"
+  done
+  cat "$here/jupyterhub_config.py"
+} > "$hub_config/jupyterhub_config.py"
+chmod 644 "$hub_config/jupyterhub_config.py"
 install -m 644 "$here"/instructor/*.py "$here"/instructor/*.json "$hub_config/instructor/"
 install -m 644 "$here/instructor/labconfig/page_config.json" "$hub_config/instructor/labconfig/"
 sed "s#^c\.Exchange\.root = .*#c.Exchange.root = \"$exchange\"#" "$here/nbgrader_config.py" \

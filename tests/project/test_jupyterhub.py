@@ -115,7 +115,7 @@ def hub_class(tmp_path_factory):
         klass.accounts.alice.home.chmod(0o755)
         klass.timed("administrator: student distribution, hub environment, setup_hub.sh", started)
         started = time.monotonic()
-        klass.hub = Hub(klass.folders, klass.accounts, klass.folders.root)
+        klass.hub = Hub(klass.folders, klass.folders.root)
         klass.timed("hub up", started)
         yield klass
     finally:

@@ -256,11 +256,11 @@ class Hub(_ServerProcess):
 
     stop_whole_group = True   # the hub, its proxy and, until the hub stops them, the users' servers
 
-    def __init__(self, folders: HubFolders, accounts: ClassAccounts, log_dir: Path):
+    def __init__(self, folders: HubFolders, log_dir: Path):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(folders.setup_env(accounts), LANG="C.UTF-8", JUPYTER_CONFIG_PATH=str(folders.jupyter_config),
-                   HOME=str(folders.state),
+        # No WORKBOOK_HUB_* settings: setup_hub.sh wrote them into the configuration it installed.
+        env = dict(LANG="C.UTF-8", JUPYTER_CONFIG_PATH=str(folders.jupyter_config), HOME=str(folders.state),
                    PATH=os.pathsep.join([str(Path(sys.executable).parent), str(Path(PROXY).parent),
                                          "/usr/local/bin", "/usr/bin", "/bin"]))
         folders.state.mkdir(mode=0o700, exist_ok=True)
