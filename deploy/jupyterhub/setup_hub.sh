@@ -62,6 +62,12 @@ lab_only=(@jupyter/nbgrader:formgrader @jupyter/nbgrader:create-assignment @jupy
 "$py" -m jupyter_server.extension.serverextension disable --sys-prefix \
   nbgrader.server_extensions.formgrader nbgrader.server_extensions.course_list >/dev/null 2>&1
 say "instructor extensions off in $hub_env, on for: $instructors"
+# Terminals: a plain bash keeps the PATH the hub gives each server (the environment's bin/ first, with
+# workbook-check and nbgrader). Started by a hub, Jupyter makes it a login shell, and /etc/profile resets PATH.
+cat > "$hub_env/etc/jupyter/jupyter_server_config.py" <<'PY'
+c = get_config()  # noqa: F821 (written by setup_hub.sh: a terminal keeps the PATH the hub gives the server)
+c.ServerApp.terminado_settings = {"shell_command": ["/bin/bash"]}
+PY
 
 # 3. The configuration: the hub's, the instructors' servers', and nbgrader's for everyone.
 install -d -m 755 "$hub_config" "$hub_config/instructor/labconfig" "$jupyter_config"
