@@ -35,6 +35,7 @@ course_id=$(sed -n 's/^c\.CourseDirectory\.course_id = "\(.*\)"$/\1/p' "$here/nb
 owner=${instructors%% *}
 
 say() { echo "[setup_hub] $*"; }
+quietly() { local out; out=$("$@" 2>&1) || { echo "$out" >&2; echo "setup_hub.sh: failed: $*" >&2; exit 1; }; }
 [ "$(id -u)" = 0 ] || { echo "setup_hub.sh: run it as root (it installs into $hub_env, /etc and /srv)" >&2; exit 1; }
 wheel=$(ls "$dist"/torch_resume_workbook-*.whl 2>/dev/null | head -n 1)
 [ -n "$wheel" ] || { echo "setup_hub.sh: no torch_resume_workbook-*.whl in $dist" >&2; exit 1; }
@@ -57,10 +58,10 @@ fi
 # 2. Students get the Assignments tab and Validate, not Create Assignment, the formgrader or the course
 #    list: off (and locked) for everyone in the environment; instructor/ turns them on again.
 lab_only=(@jupyter/nbgrader:formgrader @jupyter/nbgrader:create-assignment @jupyter/nbgrader:course-list)
-"$py" -m jupyterlab.labextensions disable --level=sys_prefix "${lab_only[@]}" >/dev/null 2>&1
-"$py" -m jupyterlab.labextensions lock --level=sys_prefix "${lab_only[@]}" >/dev/null 2>&1
-"$py" -m jupyter_server.extension.serverextension disable --sys-prefix \
-  nbgrader.server_extensions.formgrader nbgrader.server_extensions.course_list >/dev/null 2>&1
+quietly "$py" -m jupyterlab.labextensions disable --level=sys_prefix "${lab_only[@]}"
+quietly "$py" -m jupyterlab.labextensions lock --level=sys_prefix "${lab_only[@]}"
+quietly "$py" -m jupyter_server.extension.serverextension disable --sys-prefix \
+  nbgrader.server_extensions.formgrader nbgrader.server_extensions.course_list
 say "instructor extensions off in $hub_env, on for: $instructors"
 # Terminals: a plain bash keeps the PATH the hub gives each server (the environment's bin/ first, with
 # workbook-check and nbgrader). Started by a hub, Jupyter makes it a login shell, and /etc/profile resets PATH.

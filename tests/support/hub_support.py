@@ -111,10 +111,6 @@ class Account:
         return Path(pwd.getpwnam(self.name).pw_dir)
 
     @property
-    def uid(self) -> int:
-        return pwd.getpwnam(self.name).pw_uid
-
-    @property
     def gid(self) -> int:
         return pwd.getpwnam(self.name).pw_gid
 
@@ -140,10 +136,6 @@ class ClassAccounts:
     @property
     def all(self) -> tuple[Account, ...]:
         return self.instructor, self.alice, self.bob
-
-    @property
-    def students(self) -> tuple[Account, ...]:
-        return self.alice, self.bob
 
     def remove(self) -> None:
         for name in self.created:
@@ -203,17 +195,13 @@ class HubFolders:
         self.mount_point.mkdir(exist_ok=True)
 
     def setup_env(self, accounts: ClassAccounts) -> dict:
-        """The environment variables setup_hub.sh and the hub read (deploy/jupyterhub's defaults moved here)."""
+        """setup_hub.sh's settings: deploy/jupyterhub's defaults moved here, the class's names."""
         return {"WORKBOOK_HUB_ENV": str(self.env), "WORKBOOK_HUB_GROUP": accounts.group,
                 "WORKBOOK_HUB_INSTRUCTORS": accounts.instructor.name,
                 "WORKBOOK_HUB_CONFIG_DIR": str(self.hub_config),
                 "WORKBOOK_HUB_INSTRUCTOR_CONFIG": str(self.hub_config / "instructor"),
                 "WORKBOOK_JUPYTER_CONFIG_DIR": str(self.jupyter_config),
                 "WORKBOOK_EXCHANGE": str(self.exchange), "WORKBOOK_HUB_STATE": str(self.state)}
-
-    @property
-    def python(self) -> Path:
-        return self.env / "bin" / "python"
 
 
 def make_hub_folders() -> HubFolders:
@@ -240,7 +228,6 @@ def overlay_environment(target: Path) -> None:
 def run_setup_hub(folders: HubFolders, accounts: ClassAccounts, dist: Path) -> str:
     """deploy/jupyterhub/setup_hub.sh, as root, with the folders moved under ``folders.root``."""
     env = dict(os.environ, **folders.setup_env(accounts))
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/bin:/bin")])
     result = subprocess.run(["bash", str(DEPLOY / "setup_hub.sh"), str(dist)], env=env, capture_output=True,
                             text=True, timeout=COMMAND_TIMEOUT_S)
     if result.returncode != 0:
@@ -251,8 +238,9 @@ def run_setup_hub(folders: HubFolders, accounts: ClassAccounts, dist: Path) -> s
 # ---- the hub ------------------------------------------------------------------------------------
 
 class Hub(_ServerProcess):
-    """``jupyterhub -f <hub_config>/jupyterhub_config.py`` as root in the state folder, on free loopback
-    ports (the public one, the hub's own and the proxy's API), the proxy found on PATH."""
+    """``jupyterhub -f <hub_config>/jupyterhub_config.py`` as root in the state folder (in the class's view,
+    which the servers it starts inherit), on free loopback ports (the public one, the hub's own and the
+    proxy's API), the proxy found on PATH."""
 
     stop_whole_group = True   # the hub, its proxy and, until the hub stops them, the users' servers
 
@@ -288,14 +276,11 @@ class Hub(_ServerProcess):
 
 
 class HubUser:
-    """One account's JupyterLab through the hub, in a browser page: ``tree_url`` as for LabNotebook."""
+    """One account's JupyterLab through the hub, in a browser page."""
 
     def __init__(self, hub: Hub, account: Account, page):
         self.hub, self.account, self.page = hub, account, page
         self.url = f"{hub.url}/user/{account.name}"
-
-    def tree_url(self, path: str) -> str:
-        return f"{self.url}/lab/tree/{path}?reset"
 
     def log_in(self, timeout_s: float = 180) -> None:
         """The hub's login form, then wait until the server has started and JupyterLab shows."""
