@@ -13,7 +13,8 @@
                                   --scheduler tcp://HOST:PORT grades on a Dask cluster)
     python3 workbook.py worker tcp://HOST:PORT   a grading worker of that cluster, on this machine
     python3 workbook.py release   regenerate notebooks/ from solutions/ with nbgrader (authors;
-                                  add names or prefixes such as 04 to release only those)
+                                  add names or prefixes such as 04 to release only those;
+                                  --student-package DIR: then write what students get into DIR)
     python3 workbook.py package gradescope 01   what to upload to Gradescope (or prairielearn) to grade
                                   notebook 01 with the same judge and hidden tests (instructors)
 

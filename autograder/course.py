@@ -9,8 +9,12 @@ import dataclasses
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-RELEASE_DIR = REPO_ROOT / "notebooks"
 SOLUTIONS_DIR = REPO_ROOT / "solutions"
+# The released notebooks: the repository's notebooks/, or in the student distribution, which is installed
+# without the repository around it, the copy packaged inside it (workbook.py release --student-package).
+PACKAGED_RELEASE_DIR = Path(__file__).resolve().parent / "released"
+STUDENT_DISTRIBUTION = PACKAGED_RELEASE_DIR.is_dir()
+RELEASE_DIR = PACKAGED_RELEASE_DIR if STUDENT_DISTRIBUTION else REPO_ROOT / "notebooks"
 
 
 @dataclasses.dataclass(frozen=True)

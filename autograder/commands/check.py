@@ -39,7 +39,7 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from autograder.contract import (DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS, exercise_of, failure_message,
                                  is_answer_cell, is_test_cell, nbgrader_meta, read_notebook, score_test_cell)
-from autograder.course import RELEASE_DIR, SOLUTIONS_DIR, matching
+from autograder.course import RELEASE_DIR, SOLUTIONS_DIR, STUDENT_DISTRIBUTION, matching
 
 SCHEMA = "workbook-check/1"
 
@@ -263,16 +263,28 @@ def grade_notebook(path: str | Path, timeout: int = DEFAULT_CELL_TIMEOUT,
 
 # ---- the command ---------------------------------------------------------------------------------
 
-def find_notebooks(selectors: list[str], root: Path = RELEASE_DIR) -> list[Path]:
-    """Files named on the command line, or released notebooks whose name starts with a selector."""
-    released = {nb.stem: nb for nb in sorted(root.glob("*/*.ipynb"))}
+def find_notebooks(selectors: list[str], root: Path | None = None) -> list[Path]:
+    """Files named on the command line, or the learner's notebooks whose name starts with a selector: in a
+    clone of the repository those in notebooks/; with the student distribution (no repository), the
+    assignments NAME/NAME.ipynb in the current folder, where nbgrader's fetch (the hub's Assignments tab
+    too) puts them."""
+    where = ""
+    if root is None and STUDENT_DISTRIBUTION:
+        root, assignments = Path.cwd(), {nb.stem for nb in RELEASE_DIR.glob("*/*.ipynb")}
+        released = {nb.stem: nb for nb in sorted(root.glob("*/*.ipynb")) if nb.stem in assignments}
+        where = (f" in {root} (workbook-check looks for NAME/NAME.ipynb in the folder it runs in: run it in "
+                 f"the folder that holds your assignment folders, or give the notebook's path)")
+        if not released and not selectors:
+            raise SystemExit(f"workbook-check: no assignment notebook{where}")
+    else:
+        released = {nb.stem: nb for nb in sorted((root or RELEASE_DIR).glob("*/*.ipynb"))}
     found: list[Path] = []
     for selector in selectors or [None]:
         if selector is not None and (selector.endswith(".ipynb") or Path(selector).exists()):
             found.append(Path(selector))
         else:
             found += [released[name] for name in matching([selector] if selector else [], list(released),
-                                                          "workbook-check")]
+                                                          "workbook-check", where)]
     return found
 
 

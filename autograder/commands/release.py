@@ -1,6 +1,8 @@
 """notebooks/ = nbgrader generate_assignment(solutions/), for the named notebooks or all of them.
 
-Run as ``python3 workbook.py release [NN ...]``. It is nbgrader's own generate_assignment, driven
+Run as ``python3 workbook.py release [NN ...]``; with ``--student-package DIR`` it then also writes
+the student distribution into DIR (``autograder.commands.student_package``: every released notebook and
+a wheel without solutions or hidden tests). It is nbgrader's own generate_assignment, driven
 through nbgrader's Python API with the course's nbgrader_config.py, so all notebooks are released in
 one process: the command line would start nbgrader (and import its configuration) once per notebook.
 A throwaway gradebook is used: releasing must not touch an instructor's grades.
@@ -35,7 +37,14 @@ def generate_assignments(course: Path, assignments: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = sys.argv[1:] if argv is None else argv
+    names = list(sys.argv[1:] if argv is None else argv)
+    package_dir = None
+    if "--student-package" in names:
+        at = names.index("--student-package")
+        if at + 1 >= len(names):
+            raise SystemExit("workbook.py release: --student-package needs a folder (--student-package DIR)")
+        package_dir = Path(names.pop(at + 1)).expanduser().resolve()
+        names.pop(at)
     assignments = matching(names, [notebook.folder for notebook in NOTEBOOKS], "workbook.py release")
     failed = generate_assignments(REPO_ROOT, assignments)
     for name in assignments:
@@ -43,7 +52,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"released notebooks/{name}/")
     for failure in failed:
         print(f"release failed: {failure}", file=sys.stderr)
-    return 1 if failed else 0
+    if failed:
+        return 1
+    if package_dir is not None:
+        from autograder.commands.student_package import build_student_package
+
+        wheel = build_student_package(package_dir)
+        print(f"student distribution in {package_dir}/: {wheel.name}, notebooks/, README.md")
+    return 0
 
 
 if __name__ == "__main__":

@@ -99,6 +99,14 @@ def test_feedback_names_the_trap_but_never_shows_hidden_tests(course):
     assert "hidden tests with other seeds and sizes ran here" in html
 
 
+def test_feedback_wraps_a_long_failure_message(course):
+    """nbconvert's page keeps each output line whole, so a failure message (one long line) ran off to the
+    side; nbgrader_config.py's WrapLongOutputs adds the rule that wraps it (seen in Chromium by
+    tests/project/test_jupyterhub.py)."""
+    html = (course / "feedback" / "wrong" / NAME / f"{NAME}.html").read_text()
+    assert "div.output_area pre { white-space: pre-wrap; overflow-wrap: anywhere; }" in html
+
+
 def test_exported_grades_list_every_student(course):
     rows = list(csv.DictReader(open(course / "grades.csv")))
     assert {(r["student_id"], float(r["score"])) for r in rows} == {("correct", 10.0), ("wrong", 3.0), ("untouched", 0.0)}

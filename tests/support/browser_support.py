@@ -179,6 +179,10 @@ class JupyterLab(_ServerProcess):
         self._start(command, course, env, state / "jupyterlab.log")
         self._wait_until(self._answers, "JupyterLab")
 
+    def tree_url(self, path: str) -> str:
+        # ?reset: a clean workspace, so tabs left from an earlier test do not reopen.
+        return f"{self.url}/lab/tree/{path}?token={self.token}&reset"
+
     def api(self, path: str, method: str = "GET"):
         request = urllib.request.Request(f"{self.url}{path}", method=method,
                                          headers={"Authorization": f"token {self.token}"})
@@ -295,10 +299,12 @@ i => {
 class LabNotebook:
     """A notebook open in JupyterLab, operated through its menus like a learner would."""
 
-    def __init__(self, page, lab: JupyterLab, path: str, cells: int):
+    def __init__(self, page, lab: JupyterLab | None, path: str, cells: int):
+        """Opens ``path`` on ``lab`` (anything with a ``tree_url(path)``); with ``lab=None``, the page
+        shows it already (a learner opened it from another panel, e.g. nbgrader's Assignments tab)."""
         self.page, self.lab, self.path = page, lab, path
-        # ?reset: a clean workspace, so tabs left from an earlier test do not reopen.
-        page.goto(f"{lab.url}/lab/tree/{path}?token={lab.token}&reset")
+        if lab is not None:
+            page.goto(lab.tree_url(path))
         # JupyterLab attaches cells in batches after opening: wait for all ``cells`` of the file.
         page.wait_for_function(
             "n => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell').length >= n",
