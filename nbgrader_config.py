@@ -7,11 +7,11 @@ lists the commands.
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.converters import Autograde
-from nbgrader.preprocessors import Execute, GetGrades, NbGraderPreprocessor
+from nbgrader.preprocessors import Execute, GetGrades
 
 from autograder.contract import DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS
 from autograder.grading.nbgrader_plugins import JudgeInSandbox, RedactHiddenTests
-from autograder.grading.nbgrader_plugins import RecordUnconfined, SubmissionExporter
+from autograder.grading.nbgrader_plugins import RecordUnconfined, SubmissionExporter, WrapLongOutputs
 
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
@@ -33,16 +33,6 @@ c.Autograde.autograde_preprocessors = [JudgeInSandbox if step is Execute else st
 c.JudgeInSandbox.timeout = DEFAULT_CELL_TIMEOUT
 # A submitted file that is not a notebook: every test cell scores zero, saying why (not a traceback).
 c.Autograde.exporter_class = SubmissionExporter
-
-
-class WrapLongOutputs(NbGraderPreprocessor):
-    """Feedback: a failure message (one long line) wraps at the page's edge. nbconvert's page keeps every
-    output line as it is, so a message ran off sideways, most of it out of sight."""
-
-    def preprocess(self, nb, resources):
-        resources.setdefault("inlining", {}).setdefault("css", []).append(
-            "div.output_area pre { white-space: pre-wrap; overflow-wrap: anywhere; }")
-        return nb, resources
 
 
 # Feedback shows failure messages, wrapped, not hidden test code or its tracebacks.

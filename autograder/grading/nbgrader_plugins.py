@@ -13,7 +13,8 @@ nbgrader ending with a traceback.
 ``RecordUnconfined``: after nbgrader's SaveAutoGrades, the gradebook's comment on each answer of a
 submission graded with ``--allow-unconfined`` says what its sandbox lacked.
 
-``RedactHiddenTests``: feedback that shows each failure message but never the hidden tests. By
+``RedactHiddenTests`` and ``WrapLongOutputs``: feedback that shows each failure message, wrapped at the
+page's edge, but never the hidden tests. By
 default nbgrader's feedback HTML shows the autograded notebook: the source of hidden test blocks and
 the traceback lines that point into them. This preprocessor, added to ``GenerateFeedback.preprocessors``,
 replaces each hidden block with a one-line note and reduces every error in a test cell to its
@@ -35,7 +36,9 @@ from traitlets import Bool, Float, Unicode
 from autograder.contract import (DEFAULT_CELL_TIMEOUT, HIDDEN_BEGIN, HIDDEN_END, is_answer_cell, is_test_cell,
                                  nbgrader_meta, read_notebook)
 from autograder.grading import protections
-from autograder.grading.judge import Policy, apply_judgement, judge_notebook
+
+# The judge (and with it torch, 2 s) is imported only where a submission is judged: every nbgrader command
+# reads this module through nbgrader_config.py.
 
 HIDDEN_NOTE = "# (hidden tests with other seeds and sizes ran here)"
 
@@ -59,6 +62,7 @@ class JudgeInSandbox(NbGraderPreprocessor):
         if restored:
             self.log.warning("Test cells missing from the submission, put back from the gradebook: %s",
                              ", ".join(restored))
+        from autograder.grading.judge import Policy, apply_judgement, judge_notebook
         unreadable = nb.metadata.get(UNREADABLE)
         if unreadable:
             from autograder.grading.cluster import not_gradable
@@ -176,6 +180,16 @@ def redact_hidden_blocks(source: str) -> str:
         elif not hidden:
             kept.append(line)
     return "\n".join(kept)
+
+
+class WrapLongOutputs(NbGraderPreprocessor):
+    """Feedback: a failure message (one long line) wraps at the page's edge. nbconvert's page keeps every
+    output line as it is, so a message ran off sideways, most of it out of sight."""
+
+    def preprocess(self, nb, resources):
+        resources.setdefault("inlining", {}).setdefault("css", []).append(
+            "div.output_area pre { white-space: pre-wrap; overflow-wrap: anywhere; }")
+        return nb, resources
 
 
 class RedactHiddenTests(Preprocessor):

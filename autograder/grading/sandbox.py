@@ -134,7 +134,7 @@ class Sandbox:
     def __init__(self, limits: Limits = Limits(), cell_seconds: float = 60, protected: list[str] = ()):
         self.limits = limits
         self.cell_seconds = cell_seconds
-        self.protected = [str(Path(p).resolve()) for p in protected] or default_protected()
+        self.protected = list(dict.fromkeys([str(Path(p).resolve()) for p in protected] + default_protected()))
         self.scratch: Path | None = None   # the judge's own folder for a check's files (see autograder.grading.scratch)
         self._synced: list = []            # the scratch folder as the sandbox last saw it
         self.process: subprocess.Popen | sandbox_zygote.Child | None = None
@@ -435,7 +435,7 @@ def without_protections() -> set[str]:
 
 
 def default_protected() -> list[str]:
-    """What no sandbox may read when the caller names nothing: this course's sources (with the hidden
+    """What no sandbox may read, whatever else the caller names: this course's sources (with the hidden
     tests), and the folder grading runs in (nbgrader's course folder: the gradebook, the submissions)."""
     from autograder.course import SOLUTIONS_DIR
     return [str(p) for p in dict.fromkeys((SOLUTIONS_DIR.resolve(), Path.cwd().resolve()))]
@@ -449,7 +449,11 @@ def readable_paths(protected: tuple = ()) -> list[str]:
     protected path."""
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                 str(Path(sys.executable).resolve().parent.parent)}
-    wanted = _SYSTEM_READABLE + sorted(prefixes) + [str(PACKAGE_DIR)]
+    # What the grader imports from may lie outside its prefixes: a user's site-packages, a folder a .pth
+    # file adds. The sandbox imports the same, so it reads the same (still never a protected path).
+    imported = [entry for entry in sys.path if os.path.isabs(entry) and os.path.isdir(entry)
+                and Path(entry).name in ("site-packages", "dist-packages")]
+    wanted = _SYSTEM_READABLE + sorted(prefixes) + [str(PACKAGE_DIR)] + imported
     guarded = [Path(p) for p in protected]
     granted: list[str] = []
     for path in dict.fromkeys(wanted):
