@@ -93,6 +93,30 @@ class GlobalRngDataset(Dataset):
                 "np.random.random()": np.random.random()}
 
 
+class WorkerSeeds(Dataset):
+    """Reports, from inside a worker and through public API only, what the worker's global RNGs were seeded
+    with: ``get_worker_info().seed`` (documented as the seed set for this worker) and, for each global RNG,
+    whether its state is the state of a fresh generator seeded with that number. Nothing here draws from a
+    global RNG, so the comparison holds for every item a worker loads."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict:
+        import random
+        info = get_worker_info()
+        seed = info.seed
+        return {"worker": info.id, "seed": seed,
+                "torch.initial_seed()": torch.initial_seed() == seed,
+                "random": random.getstate() == random.Random(seed).getstate(),
+                "torch": torch.equal(torch.get_rng_state(), torch.Generator().manual_seed(seed).get_state()),
+                "numpy": bool(np.array_equal(np.random.get_state()[1],
+                                             np.random.RandomState(seed % 2**32).get_state()[1]))}
+
+
 def tag_with_worker_id(batch):
     """A collate_fn: runs inside the worker, so it can say which worker built the batch."""
     info = get_worker_info()

@@ -132,3 +132,38 @@ def test_an_unanswered_exercise_reaches_the_grader_as_not_implemented():
         checks.check_seed_worker_workers(stub)
     with pytest.raises(NotImplementedError):
         checks.check_LazyNoisyDataset_peek(StubDataset)
+
+
+def test_the_worker_seeds_read_through_public_api():
+    """What section 2.2 shows without torch's private worker loop: get_worker_info().seed is base_seed +
+    worker_id, Python's and torch's global RNGs start from it, NumPy's from a number of its own, and an epoch
+    draws base_seed from the loader's generator (the same generator seed: the same seeds)."""
+    def seeds(seed):
+        generator = torch.Generator().manual_seed(seed)
+        before = generator.get_state()
+        loader = torch.utils.data.DataLoader(checks.WorkerSeeds(4), batch_size=None, num_workers=2,
+                                             generator=generator, multiprocessing_context="fork")
+        rows = {row["worker"]: row for row in loader}
+        assert not torch.equal(before, generator.get_state())
+        return rows
+
+    rows = seeds(0)
+    assert rows[1]["seed"] - rows[0]["seed"] == 1
+    assert all(row["torch.initial_seed()"] and row["random"] and row["torch"] and not row["numpy"]
+               for row in rows.values())
+    assert [row["seed"] for row in seeds(0).values()] == [row["seed"] for row in rows.values()]
+    assert [row["seed"] for row in seeds(1).values()] != [row["seed"] for row in rows.values()]
+
+
+def test_the_notebook_calls_and_prints_no_private_torch_function():
+    """#25: notebook 04 printed torch's private _worker_loop, whose argument torch 2.14 renamed."""
+    import re
+
+    import nbformat
+
+    from autograder.course import REPO_ROOT
+
+    for folder in ("solutions", "notebooks"):
+        nb = nbformat.read(REPO_ROOT / folder / "04_worker_generators" / "04_worker_generators.ipynb", 4)
+        code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+        assert not re.search(r"torch[\w.]*\._\w|_utils|_worker_loop", code), folder
