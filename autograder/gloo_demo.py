@@ -322,8 +322,11 @@ def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
     report = JobReport(job.world_size, exit_codes, _read_audit(workdir, job), checkpoint, seconds, errors)
     for rank, code in exit_codes.items():
         microbatches = len({(r.update, r.slot) for r in report.fetched if r.rank == rank})
-        how = ("finished" if code == 0 else "killed by SIGKILL" if code == -signal.SIGKILL
-               else f"failed: {errors[rank]}" if rank in errors
+        planned = sum(map(len, _updates(job.plan[rank], job.micro_batch, job.accum_steps)))
+        # A rank that trained its whole plan has finished, whether it had exited or was still tearing down
+        # when the launcher stopped the others after a crash: that race must not change what is printed.
+        how = ("killed by SIGKILL" if code == -signal.SIGKILL else f"failed: {errors[rank]}" if rank in errors
+               else "finished" if code == 0 or microbatches == planned
                else "stopped by the launcher after the crash" if code in (-signal.SIGTERM, 1) else f"exit {code}")
         say(f"  rank {rank}: fetched {microbatches} microbatch{'es' if microbatches != 1 else ''}, {how}")
     cursor = checkpoint["sampler"]["committed"] if checkpoint else 0
