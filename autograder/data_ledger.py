@@ -28,6 +28,9 @@ from tracemalloc import reset_peak as _reset_peak
 from tracemalloc import start as _start_tracing
 from tracemalloc import stop as _stop_tracing
 
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
 from .checking import error_text, expect, failing_if_raised, graded_check, observe
 from .helpers import serialized_copy, watch
 
@@ -35,6 +38,32 @@ from .helpers import serialized_copy, watch
 WORKED_EXAMPLE = (8, 2, 4)
 WORKED_UPDATES = 1_250
 CRASH_MICROBATCHES = 3  # the crash comes during the third microbatch of update 1,251
+
+
+# ---- the demo's dataset (importable, so that it also loads in spawned workers) -----------------------
+
+class SlowWorkerSamples(Dataset):
+    """Sample i is the number i. In DataLoader worker ``slow_worker`` every sample takes ``delay`` seconds
+    more, and that worker starts only once another worker has loaded a sample: a cold disk, a large file or a
+    busy core, made to happen on every run (the other workers count their samples in shared memory)."""
+
+    def __init__(self, size: int, slow_worker: int, delay: float = 0.02):
+        self.size, self.slow_worker, self.delay = size, slow_worker, delay
+        self.loaded_elsewhere = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        info = get_worker_info()
+        if info is not None and info.id == self.slow_worker:
+            deadline = time.monotonic() + 5
+            while int(self.loaded_elsewhere) == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(self.delay)
+        elif info is not None:
+            self.loaded_elsewhere += 1
+        return index
 
 
 # ---- reference arithmetic ---------------------------------------------------------------------
@@ -610,6 +639,16 @@ def check_window_digest_order(window_digest, seed: int = 0, size: int = 64) -> N
     shifted = window[1:] + [window[0]]
     expect(_digest(window_digest, shifted) != first,
            "Rotating the window by one identifier left the digest unchanged: an off-by-one resume would pass.")
+    # Two neighbouring microbatches swapped, as a loader with in_order=False or a slower worker hands them over;
+    # here two whose identifiers add up to the same total, which a sum weighted by position cannot tell apart.
+    x, y = 10 * size + 2 * rng.randrange(size), 12 * size + 2 * rng.randrange(size)   # outside the window's range
+    batches = window[:8] + [x, y, x + 1, y - 1] + window[8:]
+    swapped_batches = window[:8] + [x + 1, y - 1, x, y] + window[8:]
+    expect(_digest(window_digest, swapped_batches) != _digest(window_digest, batches),
+           f"Swapping two neighbouring microbatches, [{x}, {y}] and [{x + 1}, {y - 1}], left the digest unchanged. "
+           f"Their identifiers add up to the same total, and a sum of identifiers weighted by their position is a "
+           f"checksum that cannot tell such stretches apart: exactly what a loader with in_order=False, or a "
+           f"worker slower than usual, hands over. Hash the ordered identifiers (hashlib).")
     other = [i + 1 for i in window]
     expect(_digest(window_digest, other) != first, "Two different windows gave the same digest.")
     # Positions of a long run: one identifier one larger must change the digest.

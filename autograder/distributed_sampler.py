@@ -16,8 +16,9 @@ where the answer runs: a probe reports the RNG states there.
 ``resume_shards`` is judged against the epoch's global order rebuilt from the real
 sampler, one property per check: equal per-rank lengths, no committed position
 trained again, no remaining position left out, bounded padding, and the
-remaining positions kept in global order (so the cursor still works after the
-next crash), drawn without touching the global RNGs.
+remaining positions kept in global order with the padding after them (so the new
+job's first window is the expected suffix of the order, and the cursor still works
+after the next crash), drawn without touching the global RNGs.
 """
 
 from __future__ import annotations
@@ -330,7 +331,7 @@ def check_resume_shards_padding(resume_shards, seed: int = 0) -> None:
 
 
 @graded_check("resume_shards keeps the epoch's global order, rank r taking positions r, r + R, ..., "
-              "and leaves the global RNGs alone")
+              "padding after it, and leaves the global RNGs alone")
 def check_resume_shards_global_order(resume_shards, seed: int = 0) -> None:
     def judge(r: _Resume) -> None:
         remaining = set(r.remaining)
@@ -340,16 +341,30 @@ def check_resume_shards_global_order(resume_shards, seed: int = 0) -> None:
                 seen.add(i)
                 first_time.append(i)
         expected = [i for i in r.remaining if i in seen]
-        if first_time == expected:
+        if first_time != expected:
+            at = next(k for k, (a, b) in enumerate(zip(first_time, expected)) if a != b)
+            raise AssertionError(
+                f"{r.call}: read globally (rank 0's first, rank 1's first, ..., then everyone's second), the "
+                f"remaining positions come in another order than the epoch's: continuation position {at} is index "
+                f"{first_time[at]}, expected {expected[at]}. Rank r should take the continuation's positions "
+                f"r, r + R, r + 2R, ... (R = {r.new_world_size}), as DistributedSampler lays them out; a block "
+                f"split or a reshuffle of the remainder means that after the next crash, 'k updates done' no "
+                f"longer names a prefix of the global order, and the global cursor is lost.")
+        # The restart's audit compares the first window the new job trains with the expected suffix of the
+        # global order: padding (a remaining position repeated) must come after every remaining position.
+        ahead = [i for i in r.schedule if i in remaining]
+        distinct = len(set(ahead))
+        if len(set(ahead[:distinct])) == distinct:
             return
-        at = next(k for k, (a, b) in enumerate(zip(first_time, expected)) if a != b)
+        at = next(k for k in range(distinct) if ahead[k] in ahead[:k])
         raise AssertionError(
-            f"{r.call}: read globally (rank 0's first, rank 1's first, ..., then everyone's second), the "
-            f"remaining positions come in another order than the epoch's: continuation position {at} is index "
-            f"{first_time[at]}, expected {expected[at]}. Rank r should take the continuation's positions "
-            f"r, r + R, r + 2R, ... (R = {r.new_world_size}), as DistributedSampler lays them out; a block split "
-            f"or a reshuffle of the remainder means that after the next crash, 'k updates done' no longer names "
-            f"a prefix of the global order, and the global cursor is lost.")
+            f"{r.call}: read globally, the continuation repeats index {ahead[at]} at position {at}, before "
+            f"{distinct - len(set(ahead[:at]))} remaining positions have been trained once: the padding comes "
+            f"first. The new job's first window, {_show(r.schedule[:r.new_world_size * 2], 8)}, is then not the "
+            f"expected suffix of the global order, {_show(r.remaining[:r.new_world_size * 2], 8)}, so a restart "
+            f"that checks its first window against the audit record refuses it; and after k updates the cursor "
+            f"counts the repeats as progress and names positions never trained. Pad after the remaining "
+            f"positions, as DistributedSampler pads after its list.")
     _check_each_scenario(resume_shards, seed, judge)
     # Rebuilding the epoch's order must not touch the training loop's RNGs either (see
     # check_epoch_order_permutation): the probe reads them around one call, where the answer runs.

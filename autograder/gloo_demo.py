@@ -11,19 +11,26 @@ loaded machine. Windows has no ``forkserver`` and falls back to ``spawn``.
 A job trains a tiny linear model (plain SGD, so no optimizer state: notebook 07
 is about the data position) on a fixed *plan*: for each rank, the list of
 ``(global position, dataset index)`` pairs it trains, in order, ``micro_batch`` at a
-time. Every optimizer update averages the gradients over all ranks with
-``all_reduce`` (what DDP does during backward), after which rank 0 writes an
-atomic checkpoint holding the model and the **global cursor**: how
-many positions of the epoch's global order are committed. Every rank logs each
-microbatch it fetches, so an audit can compare what was fetched, committed and
-trained. ``kill=(rank, step)`` makes that rank SIGKILL itself right after fetching
-its microbatch of that step, the way an out-of-memory kill or a lost node ends a
-job: no exception, no cleanup, no final checkpoint.
+time, ``accum_steps`` microbatches (accumulation slots) per optimizer update. Every
+update averages the gradients over all ranks with ``all_reduce`` (what DDP does
+during the last backward pass), after which rank 0 writes a checkpoint (notebook
+05's recipe) holding the model, the dataset version and the **global cursor**: how
+many positions of the epoch's global order are committed.
+
+Every rank keeps an append-only **audit log**: one line per sample it fetches
+(update, accumulation slot, global position, sample), and one line once an update's
+checkpoint is on disk. ``launch`` reads the logs back as ``Record`` rows, each with
+its rank, the job's dataset version and a committed flag, so that an audit can
+compare what was fetched, committed and trained. ``kill=(rank, update, slot)``
+makes that rank SIGKILL itself right after fetching that microbatch, the way an
+out-of-memory kill or a lost node ends a job: no exception, no cleanup, no final
+checkpoint.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -60,9 +67,11 @@ class Job:
     epoch: int
     start_cursor: int = 0                   # global positions committed before this job
     resume: bool = False                    # load the checkpoint in workdir first
-    kill: tuple[int, int] | None = None     # (rank, step): SIGKILL there
-    micro_batch: int = MICRO_BATCH
-    name: str = "job"                       # names this job's fetch logs
+    kill: tuple[int, int, int] | None = None   # (rank, update, slot), counted in this job: SIGKILL there
+    micro_batch: int = MICRO_BATCH          # samples per rank per backward pass
+    accum_steps: int = 1                    # backward passes (accumulation slots) per optimizer update
+    dataset_version: str = ""               # recorded in the checkpoint and in every audit record
+    name: str = "job"                       # names this job's audit logs
     port: int = 0                           # the launcher's rendezvous store (127.0.0.1 only)
 
     @property
@@ -75,18 +84,23 @@ class Job:
 
 
 @dataclasses.dataclass
-class Fetched:
+class Record:
+    """One row of the audit record: one sample of one microbatch, as its rank logged it."""
+
+    update: int            # the run's optimizer update it belongs to (counted across jobs, from 0)
+    slot: int              # its accumulation slot in that update
     rank: int
-    step: int
-    position: int
-    index: int
+    position: int          # its global position in the epoch's order
+    sample: int            # the sample's identifier (the dataset is the numbers 0..n-1: sample i is i)
+    dataset_version: str
+    committed: bool        # the update's checkpoint reached the disk before the job ended
 
 
 @dataclasses.dataclass
 class JobReport:
     world_size: int
     exit_codes: dict[int, int | None]
-    fetched: list[Fetched]
+    fetched: list[Record]                  # every sample fetched, committed or not, in global order
     checkpoint: dict | None
     seconds: float
     errors: dict[int, str] = dataclasses.field(default_factory=dict)   # rank -> last line of its exception
@@ -108,11 +122,28 @@ def _model() -> nn.Module:
     return nn.Linear(4, 1)
 
 
-def _atomic_save(obj, path: Path) -> None:
-    # A SIGKILL mid-write must never leave a half-written file under the name we resume from.
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def _atomic_save(obj, path: Path | str) -> None:
+    """Notebook 05's recipe: a crash at any moment leaves ``path`` old or new, never half-written, and once
+    this returns the new file and its name are on the disk (so the update it records counts as committed).
+    A temp file of its own in the same folder, fsynced before the rename; the folder fsynced after it; the
+    temp file removed if anything fails on the way."""
+    path = Path(path)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def _silence_this_process(log_path: Path) -> None:
@@ -124,6 +155,13 @@ def _silence_this_process(log_path: Path) -> None:
     warnings.simplefilter("ignore")
 
 
+def _updates(shard: list, micro_batch: int, accum_steps: int) -> list[list[list[tuple[int, int]]]]:
+    """A rank's plan cut into updates, each a list of microbatches (its accumulation slots). The last
+    update of a plan may have fewer slots: the loop steps with what the epoch has left."""
+    microbatches = [shard[start:start + micro_batch] for start in range(0, len(shard), micro_batch)]
+    return [microbatches[start:start + accum_steps] for start in range(0, len(microbatches), accum_steps)]
+
+
 def _worker(rank: int, job: Job) -> None:
     workdir = Path(job.workdir)
     _silence_this_process(workdir / f"rank{rank}.log")
@@ -131,43 +169,52 @@ def _worker(rank: int, job: Job) -> None:
     X, y = regression_data(n=job.n, seed=1)
     model = _model()
     history: list[float] = []
+    first_update = 0
     if job.resume:
         state = torch.load(job.checkpoint_path, weights_only=True)
         model.load_state_dict(state["model"])
         history = list(state["loss_history"])
+        first_update = state["updates"]
 
-    shard = job.plan[rank]
-    with open(workdir / f"fetched_{job.name}_rank{rank}.txt", "a") as fetched_log:
-        for step, start in enumerate(range(0, len(shard), job.micro_batch)):
-            batch = shard[start:start + job.micro_batch]
-            fetched_log.write("".join(f"{step} {position} {index}\n" for position, index in batch))
-            fetched_log.flush()
-            # Every rank holds its microbatch before the crash: the demo is the same on every run.
-            dist.barrier()
-            if job.kill == (rank, step):
-                os.kill(os.getpid(), signal.SIGKILL)
-            indices = torch.tensor([index for _, index in batch])
-            loss = nn.functional.mse_loss(model(X[indices]), y[indices])
+    done = 0                                           # positions of this rank's plan trained so far
+    with open(workdir / f"audit_{job.name}_rank{rank}.txt", "a") as audit_log:
+        for u, update in enumerate(_updates(job.plan[rank], job.micro_batch, job.accum_steps)):
             model.zero_grad()
-            loss.backward()
+            losses = []
+            for slot, batch in enumerate(update):
+                audit_log.write("".join(f"fetch {first_update + u} {slot} {position} {index}\n"
+                                        for position, index in batch))
+                audit_log.flush()
+                # Every rank holds its microbatch before the crash: the demo is the same on every run.
+                dist.barrier()
+                if job.kill == (rank, u, slot):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                indices = torch.tensor([index for _, index in batch])
+                loss = nn.functional.mse_loss(model(X[indices]), y[indices]) / len(update)
+                loss.backward()                        # accumulates in .grad: no weight has changed yet
+                losses.append(loss.detach())
+                done += len(batch)
             with torch.no_grad():
                 for param in model.parameters():
-                    dist.all_reduce(param.grad)                  # what DDP does during backward
+                    dist.all_reduce(param.grad)                  # what DDP does during the last backward pass
                     param -= LEARNING_RATE * param.grad / job.world_size   # plain SGD: no optimizer state
-            mean_loss = loss.detach().clone()
+            mean_loss = torch.stack(losses).sum()
             dist.all_reduce(mean_loss)
             history.append(mean_loss.item() / job.world_size)
             if rank == 0:
                 _atomic_save({
                     "model": model.state_dict(),
                     "loss_history": history,
-                    # The data position, in units that survive a change of world size.
+                    "updates": first_update + u + 1,
+                    # The data position, in units that survive a change of world size, and what it indexes.
                     "sampler": {"n": job.n, "seed": job.seed, "epoch": job.epoch, "drop_last": False,
-                                "world_size": job.world_size,
-                                "committed": job.start_cursor + job.world_size * (start + len(batch))},
+                                "world_size": job.world_size, "committed": job.start_cursor + job.world_size * done},
+                    "dataset_version": job.dataset_version,
                 }, job.checkpoint_path)
             dist.barrier()  # the update counts as committed once its checkpoint is on disk
-    if len({-(-len(shard) // job.micro_batch) for shard in job.plan}) == 1:
+            audit_log.write(f"commit {first_update + u}\n")
+            audit_log.flush()
+    if len({len(_updates(shard, job.micro_batch, job.accum_steps)) for shard in job.plan}) == 1:
         leave_together(store, job.world_size)
     else:  # uneven plans are the demo of a collective nobody joins: who runs out leaves, the rank left alone fails
         dist.destroy_process_group()
@@ -196,14 +243,21 @@ def leave_together(store, world_size: int, key: str = "left") -> None:
     dist.destroy_process_group()
 
 
-def _read_fetched(workdir: Path, name: str, world_size: int) -> list[Fetched]:
+def _read_audit(workdir: Path, job: Job) -> list[Record]:
+    """Every rank's audit log as Record rows, in global order; an update is committed where its rank
+    logged the commit (after the checkpoint was on disk)."""
     records = []
-    for rank in range(world_size):
-        path = workdir / f"fetched_{name}_rank{rank}.txt"
-        if path.exists():
-            for line in path.read_text().splitlines():
-                step, position, index = map(int, line.split())
-                records.append(Fetched(rank, step, position, index))
+    for rank in range(job.world_size):
+        path = workdir / f"audit_{job.name}_rank{rank}.txt"
+        if not path.exists():
+            continue
+        lines = [line.split() for line in path.read_text().splitlines()]
+        committed = {int(words[1]) for words in lines if words[0] == "commit"}
+        for words in lines:
+            if words[0] == "fetch":
+                update, slot, position, index = map(int, words[1:])
+                records.append(Record(update, slot, rank, position, index, job.dataset_version,
+                                      update in committed))
     return sorted(records, key=lambda r: r.position)
 
 
@@ -211,6 +265,7 @@ def _last_line(traceback_text: str) -> str:
     """The exception line of a rank's traceback, without the C++ source location gloo prefixes."""
     line = traceback_text.strip().splitlines()[-1]
     line = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ", "", line)
+    line = re.sub(r" ?\[[0-9a-f.:]+\]:\d+", "", line)   # the peer's address and port: new on every run
     return line.split(". This is")[0][:160]
 
 
@@ -255,7 +310,8 @@ def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
     store = host_store()
     job = dataclasses.replace(job, port=store.port)
     method = start_rank_server()   # the first launch waits for its import, if it is still on
-    say(f"launching {job.world_size} ranks (gloo on 127.0.0.1:{job.port}, {method})"
+    # Only what is the same on every run: not the store's port, not the seconds (JobReport has them).
+    say(f"launching {job.world_size} ranks (gloo on the loopback, {method} start)"
         + (f", resuming at global position {job.start_cursor}" if job.resume else ""))
     started = time.perf_counter()
     exit_codes, errors = run_to_the_end(_worker, (job,), job.world_size, method)
@@ -263,16 +319,19 @@ def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
     seconds = time.perf_counter() - started
     workdir = Path(job.workdir)
     checkpoint = torch.load(job.checkpoint_path, weights_only=True) if job.checkpoint_path.exists() else None
-    report = JobReport(job.world_size, exit_codes, _read_fetched(workdir, job.name, job.world_size), checkpoint,
-                       seconds, errors)
+    report = JobReport(job.world_size, exit_codes, _read_audit(workdir, job), checkpoint, seconds, errors)
     for rank, code in exit_codes.items():
-        steps = 1 + max((r.step for r in report.fetched if r.rank == rank), default=-1)
-        how = ("finished" if code == 0 else "killed by SIGKILL" if code == -signal.SIGKILL
-               else f"failed: {errors[rank]}" if rank in errors
+        microbatches = len({(r.update, r.slot) for r in report.fetched if r.rank == rank})
+        planned = sum(map(len, _updates(job.plan[rank], job.micro_batch, job.accum_steps)))
+        # A rank that trained its whole plan has finished, whether it had exited or was still tearing down
+        # when the launcher stopped the others after a crash: that race must not change what is printed.
+        how = ("killed by SIGKILL" if code == -signal.SIGKILL else f"failed: {errors[rank]}" if rank in errors
+               else "finished" if code == 0 or microbatches == planned
                else "stopped by the launcher after the crash" if code in (-signal.SIGTERM, 1) else f"exit {code}")
-        say(f"  rank {rank}: fetched {steps} microbatch{'es' if steps != 1 else ''}, {how}")
+        say(f"  rank {rank}: fetched {microbatches} microbatch{'es' if microbatches != 1 else ''}, {how}")
     cursor = checkpoint["sampler"]["committed"] if checkpoint else 0
-    say(f"  {seconds:.1f} s; durable checkpoint: global cursor {cursor}")
+    updates = checkpoint["updates"] if checkpoint else 0
+    say(f"  durable checkpoint: {updates} update{'s' if updates != 1 else ''}, global cursor {cursor}")
     if errors and not allow_errors:
         rank, message = next(iter(errors.items()))
         raise RuntimeError(f"the gloo job did not run: rank {rank} failed with {message}")

@@ -75,7 +75,11 @@ class NoisyDataset(Dataset):
 
 
 class GlobalRngDataset(Dataset):
-    """Draws from the global RNGs PyTorch does reseed, and reports the worker's seeds."""
+    """Draws from the global RNGs PyTorch does reseed, and reports the worker's seeds, through public API only.
+
+    Before drawing, it compares each global RNG's state with that of a fresh generator seeded with the
+    worker's seed (``get_worker_info().seed``, documented as the seed set for the worker): in the first item a
+    worker loads, that says what the worker's RNGs were seeded with (later items have drawn)."""
 
     def __init__(self, size: int = 8):
         self.size = size
@@ -86,8 +90,14 @@ class GlobalRngDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         import random
         info = get_worker_info()
+        seed = info.seed if info else torch.initial_seed()
         return {"torch.initial_seed()": torch.initial_seed(),
                 "get_worker_info().seed": info.seed if info else None,
+                "random seeded with it": random.getstate() == random.Random(seed).getstate(),
+                "torch seeded with it": torch.equal(torch.get_rng_state(),
+                                                    torch.Generator().manual_seed(seed).get_state()),
+                "NumPy seeded with it": bool(np.array_equal(np.random.get_state()[1],
+                                                            np.random.RandomState(seed % 2**32).get_state()[1])),
                 "random.random()": random.random(),
                 "torch.rand(())": torch.rand((), dtype=torch.float64).item(),
                 "np.random.random()": np.random.random()}

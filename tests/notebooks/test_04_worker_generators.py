@@ -132,3 +132,40 @@ def test_an_unanswered_exercise_reaches_the_grader_as_not_implemented():
         checks.check_seed_worker_workers(stub)
     with pytest.raises(NotImplementedError):
         checks.check_LazyNoisyDataset_peek(StubDataset)
+
+
+def test_the_worker_seeds_read_through_public_api():
+    """What section 2.2 shows without torch's private worker loop: get_worker_info().seed is base_seed +
+    worker_id, Python's and torch's global RNGs start from it, NumPy's from a number of its own, and an epoch
+    draws base_seed from the loader's generator (the same generator seed: the same seeds)."""
+    def first_items(seed):
+        generator = torch.Generator().manual_seed(seed)
+        before = generator.get_state()
+        loader = torch.utils.data.DataLoader(checks.GlobalRngDataset(4), batch_size=2, num_workers=2,
+                                             collate_fn=checks.tag_with_worker_id, generator=generator,
+                                             multiprocessing_context="fork")
+        rows = {worker: {key: values[0].item() for key, values in batch.items()} for worker, batch in loader}
+        assert not torch.equal(before, generator.get_state())
+        return rows
+
+    rows = first_items(0)
+    assert rows[1]["get_worker_info().seed"] - rows[0]["get_worker_info().seed"] == 1
+    assert all(row["torch.initial_seed()"] == row["get_worker_info().seed"] and row["random seeded with it"]
+               and row["torch seeded with it"] and not row["NumPy seeded with it"] for row in rows.values())
+    seeds = [row["get_worker_info().seed"] for row in rows.values()]
+    assert [row["get_worker_info().seed"] for row in first_items(0).values()] == seeds
+    assert [row["get_worker_info().seed"] for row in first_items(1).values()] != seeds
+
+
+def test_the_notebook_calls_and_prints_no_private_torch_function():
+    """#25: notebook 04 printed torch's private _worker_loop, whose argument torch 2.14 renamed."""
+    import re
+
+    import nbformat
+
+    from autograder.course import REPO_ROOT
+
+    for folder in ("solutions", "notebooks"):
+        nb = nbformat.read(REPO_ROOT / folder / "04_worker_generators" / "04_worker_generators.ipynb", 4)
+        code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+        assert not re.search(r"torch[\w.]*\._(?!_)\w|_utils|_worker_loop", code), folder

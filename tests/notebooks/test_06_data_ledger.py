@@ -133,3 +133,60 @@ def test_a_window_digest_that_cannot_run_in_a_new_interpreter_is_named():
                                "def window_digest(ids):\n    with LOCK:\n        return ','.join(map(str, ids))\n")
     assert "could not be computed in a new Python process" in failure_of(checks.check_window_digest_order,
                                                                           cells["window_digest"])
+
+
+def _one_epoch(slow_worker, in_order):
+    """Notebook 06's timing demo: 16 samples, batches of 2 from 2 workers, the sampler seeded with 0, SGD."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from autograder.helpers import regression_data
+
+    features, targets = regression_data(n=16, seed=1)
+    loader = DataLoader(checks.SlowWorkerSamples(16, slow_worker), batch_size=2, shuffle=True, num_workers=2,
+                        generator=torch.Generator().manual_seed(0), in_order=in_order)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    order = []
+    for batch in loader:
+        model.zero_grad()
+        nn.functional.mse_loss(model(features[batch]), targets[batch]).backward()
+        with torch.no_grad():
+            for param in model.parameters():
+                param -= 0.1 * param.grad
+        order += batch.tolist()
+    return order, torch.cat([param.detach().flatten() for param in model.parameters()])
+
+
+def test_worker_timing_reorders_the_same_samples_only_with_in_order_false():
+    """What the notebook shows (#30 item 4): with in_order=False the worker that is slow decides the order, so
+    two runs with one seed train the same samples once each, in another order, to other weights; with the
+    default in_order=True the order and the weights are the same whichever worker is slow."""
+    import inspect
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    assert inspect.signature(DataLoader).parameters["in_order"].default is True
+    (order_a, weights_a), (order_b, weights_b) = _one_epoch(0, False), _one_epoch(1, False)
+    assert sorted(order_a) == sorted(order_b) == list(range(16)) and order_a != order_b
+    assert not torch.equal(weights_a, weights_b)
+    for order in (order_a, order_b):
+        assert checks.reference_audit([range(0, 16)], [range(i, i + 1) for i in order]) == \
+            {"replayed": [], "omitted": []}
+    (in_order_a, in_weights_a), (in_order_b, in_weights_b) = _one_epoch(0, True), _one_epoch(1, True)
+    assert in_order_a == in_order_b and torch.equal(in_weights_a, in_weights_b)
+    # The slow worker's first batch comes last: the first window differs, which a window digest sees.
+    assert order_a[:2] != in_order_a[:2] and order_b[:2] == in_order_b[:2]
+
+
+def test_the_slow_worker_dataset_is_plain_in_the_main_process():
+    dataset = checks.SlowWorkerSamples(5, slow_worker=0)
+    assert len(dataset) == 5 and [dataset[i] for i in range(5)] == list(range(5))
+    assert int(dataset.loaded_elsewhere) == 0
+
+
+def test_a_checksum_weighted_by_place_misses_two_swapped_microbatches_with_equal_sums():
+    assert impls.window_digest_weighted_sum([1, 9, 2, 8]) == impls.window_digest_weighted_sum([2, 8, 1, 9])
+    assert impls.window_digest([1, 9, 2, 8]) != impls.window_digest([2, 8, 1, 9])

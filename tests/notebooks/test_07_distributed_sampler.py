@@ -92,25 +92,76 @@ def test_stateful_dataloader_state_is_per_rank_and_exact_only_for_the_same_world
 
 
 def test_gloo_demo_survives_a_sigkill_and_resumes_on_fewer_ranks_without_replay_or_omission(tmp_path):
-    n, seed, epoch = 24, 0, 1
+    n, seed, epoch, micro, accum = 24, 0, 1, 1, 2
     first = gloo_demo.launch(gloo_demo.Job(gloo_demo.plan_from_shards(checks.sampler_shards(n, seed, epoch, 4)),
-                                           str(tmp_path), n, seed, epoch, kill=(1, 2), name="first"),
+                                           str(tmp_path), n, seed, epoch, kill=(1, 2, 1), micro_batch=micro,
+                                           accum_steps=accum, dataset_version="v1", name="first"),
                              say=lambda line: None)
     assert first.exit_codes[1] == -signal.SIGKILL and first.killed == [1]
     cursor = first.checkpoint["sampler"]["committed"]
-    assert cursor == 2 * 4 * gloo_demo.MICRO_BATCH
-    assert len(first.fetched) > cursor  # the in-flight microbatches were fetched, never committed
+    assert cursor == 2 * 4 * micro * accum and first.checkpoint["updates"] == 2
+    assert len(first.fetched) == cursor + 4 * micro * accum  # the in-flight update was fetched, never committed
+    # The audit record: every field, and committed exactly where the checkpoint says.
+    order = checks.sampler_order(n, seed, epoch, 4)
+    assert [r.position for r in first.fetched] == list(range(len(first.fetched)))
+    assert [r.sample for r in first.fetched] == order[:len(first.fetched)]
+    assert all(r.rank == r.position % 4 and r.update == r.position // 8 and r.slot == r.position % 8 // 4
+               and r.dataset_version == "v1" and r.committed == (r.position < cursor) for r in first.fetched)
+    assert first.checkpoint["dataset_version"] == "v1"
 
     shards = impls.shards_like_the_notebook(n, seed, epoch, 4, cursor, 3)
     second = gloo_demo.launch(gloo_demo.Job(gloo_demo.plan_from_shards(shards, cursor), str(tmp_path), n, seed,
-                                            epoch, start_cursor=cursor, resume=True, name="resumed"),
+                                            epoch, start_cursor=cursor, resume=True, micro_batch=micro,
+                                            accum_steps=accum, dataset_version="v1", name="resumed"),
                               say=lambda line: None)
     assert set(second.exit_codes.values()) == {0}
     positions = list(range(cursor)) + [record.position for record in second.fetched]
     real = [p for p in positions if p < n]
     assert sorted(real) == list(range(n))                     # zero replay, zero omission
     assert len(positions) - n == -(n - cursor) % 3            # padding: exactly what 3 ranks need
-    assert len(second.checkpoint["loss_history"]) == 2 + -(-len(shards[0]) // gloo_demo.MICRO_BATCH)
+    updates = -(-len(shards[0]) // (micro * accum))
+    assert len(second.checkpoint["loss_history"]) == 2 + updates == second.checkpoint["updates"]
+    assert {r.update for r in second.fetched} == set(range(2, 2 + updates))   # the run's update count goes on
+    assert all(r.committed for r in second.fetched)
+    # The restart's check: the new job's first window is the expected suffix the audit record kept.
+    expected_suffix = [r.sample for r in first.fetched if r.position >= cursor]
+    assert [r.sample for r in second.fetched][:len(expected_suffix)] == expected_suffix
+
+
+def test_the_checkpoint_writer_follows_notebook_05s_recipe():
+    """gloo_demo's checkpoint passes every check of notebook 05's atomic_save: a unique temp name in the same
+    folder, the file and the folder fsynced around the rename, clean-up on failure, a SIGKILL at any moment."""
+    from autograder import atomic_writes
+
+    for name in ("check_atomic_save_crash", "check_atomic_save_temp_location", "check_atomic_save_fsync_file",
+                 "check_atomic_save_fsync_directory", "check_atomic_save_cleanup"):
+        assert failure_of(getattr(atomic_writes, name), gloo_demo._atomic_save) is None, name
+
+
+def test_what_the_launcher_prints_is_the_same_on_every_run(tmp_path):
+    """No port, no address, no seconds: the notebook's output does not change between runs (#26)."""
+    lines = []
+    gloo_demo.launch(gloo_demo.Job(gloo_demo.plan_from_shards([[0, 1], [2, 3]]), str(tmp_path), 4, 0, 0,
+                                   name="quiet"), say=lines.append)
+    assert lines == ["launching 2 ranks (gloo on the loopback, forkserver start)",
+                     "  rank 0: fetched 1 microbatch, finished", "  rank 1: fetched 1 microbatch, finished",
+                     "  durable checkpoint: 1 update, global cursor 4"]
+    assert gloo_demo._last_line("...\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Read error "
+                                "[127.0.0.1]:17305: Connection reset by peer") == \
+        "RuntimeError: Read error: Connection reset by peer"
+
+
+def test_the_sampler_assumes_a_dataset_of_constant_size_and_order():
+    """What notebook 07 prints and runs: the documented assumption, and what a grown or reordered dataset does
+    to a resume at the same cursor, seed and epoch."""
+    assert "assumed to be of constant size" in " ".join(DistributedSampler.__doc__.split())
+    n, cursor = 48, 32
+    committed = checks.sampler_order(n, 0, 2, 4)[:cursor]
+    for now in (list(range(n + 4)), sorted(range(n), key=str)):
+        rest = [now[i] for i in checks.sampler_order(len(now), 0, 2, 3)[cursor:len(now)]]
+        assert set(rest) & set(committed)                                   # committed samples again
+        assert set(now) - set(rest) - set(committed)                        # and others never
+    assert checks.sampler_order(n + 4, 0, 2, 1)[:n] != checks.sampler_order(n, 0, 2, 1)   # another permutation
 
 
 def test_the_rank_server_starts_before_torch_is_imported_and_preloads_the_rank_module():
