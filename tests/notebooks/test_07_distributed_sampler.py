@@ -190,6 +190,9 @@ def test_a_kernel_that_started_the_rank_server_shuts_down_by_itself():
         kernel = manager.provisioner.process
     finally:
         client.stop_channels()
+        # A kernel that never ends by itself is SIGTERMed after this wait, however long it is (the bug this
+        # test catches); one that ends may take a while: the CUDA build's interpreter exits seconds slower.
+        manager.shutdown_wait_time = 30
         manager.shutdown_kernel(now=False)
     assert kernel.returncode == 0, f"the kernel was stopped by signal {-kernel.returncode}"
 
