@@ -98,7 +98,7 @@ def test_a_hanging_fresh_process_is_stopped_and_reported():
 
 def test_without_fork_the_checks_still_grade(monkeypatch):
     """Windows has no fork: the resume then runs in this process, RNGs scrambled, and is still judged."""
-    monkeypatch.setattr(checks, "FORK_AVAILABLE", False)
+    monkeypatch.setattr(checks.fresh_process, "AVAILABLE", False)
     checks._RECENT_EXPERIMENTS.clear()
     assert failure_of(lambda _: checks.check_load_checkpoint(impls.make_load(), impls.make_save()), None) is None
     message = failure_of(lambda _: checks.check_load_checkpoint_rng(
@@ -150,23 +150,21 @@ def test_the_notebook_shows_no_atomic_save_of_its_own_and_points_to_05():
     assert any("notebook 05's subject" in source for source in sources)
 
 
-def test_the_save_cannot_tell_which_check_calls_it():
+def test_the_save_cannot_tell_which_check_calls_it(tmp_path):
     """The save check and the resume experiments hand save_checkpoint the same file name in a folder of
-    tempfile's making, and the resume reads it under that name too: no path says what is being tested."""
-    seen = []
+    tempfile's making, and the resume reads it under that name too: no path says what is being tested.
+    (The saves run in forked children and the load in a fresh process: they note the paths in a file.)"""
+    log = tmp_path / "paths.txt"
 
     def save(path, trainer):
-        seen.append(path)
+        with open(log, "a") as f:
+            f.write(path + "\n")
         impls.save_complete(path, trainer)
-
-    def load(path, trainer):
-        seen.append(path)
-        impls.load_complete(path, trainer)
 
     assert failure_of(checks.check_save_checkpoint, save) is None
     checks._RECENT_EXPERIMENTS.clear()
-    assert failure_of(lambda _: checks.check_load_checkpoint_rng(load, save), None) is None
+    assert failure_of(lambda _: checks.check_load_checkpoint_rng(impls.load_complete, save), None) is None
     checks._RECENT_EXPERIMENTS.clear()
-    # the load ran in a forked child: only the two saves were recorded here
-    assert len(seen) == 2 and {checks.os.path.basename(p) for p in seen} == {"checkpoint.pt"}
-    assert all(checks.os.path.basename(checks.os.path.dirname(p)).startswith("tmp") for p in seen)
+    paths = log.read_text().split()
+    assert len(paths) == 2 and {checks.os.path.basename(p) for p in paths} == {"checkpoint.pt"}
+    assert all(checks.os.path.basename(checks.os.path.dirname(p)).startswith("tmp") for p in paths)
