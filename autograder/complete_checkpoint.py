@@ -27,7 +27,7 @@ from torch import nn
 
 from . import fresh_process
 from .checking import Remembered, expect, graded_check, load_written, observe
-from .fresh_process import copy_regular_file, recording_writes_outside, what_did_not_travel
+from .fresh_process import copy_regular_files, recording_writes_outside, what_did_not_travel
 from .helpers import watch
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -323,13 +323,14 @@ def probe_resume_experiment(save_checkpoint, load_checkpoint, seed: int, k: int,
     """Train ``k`` steps and save with the learner's save_checkpoint (in a forked child); copy the file it
     wrote at `path` to another folder; load it there with the learner's load_checkpoint in a fresh process
     (see run_in_fresh_process) and train ``steps`` steps. load_checkpoint is packed before the save runs:
-    nothing the save leaves in memory reaches it. Returns what each part saw: {"save_died", "listing" (the
+    nothing the save leaves in memory reaches it (nor anything but the folder's files). Returns what each
+    part saw: {"save_died", "listing" (the
     folder's names when no file is at `path`), "resumed" (_resumed's tuple) or "resume_error", "left_out"
     (load_checkpoint's globals and closure variables that could not travel), "written_outside" (files the
     save wrote outside the checkpoint's folder)}."""
     resume = fresh_process.packed(_resumed, load_checkpoint, seed, steps)
-    seen = {"save_died": None, "listing": None, "resumed": None, "resume_error": None, "left_out": resume.left_out,
-            "written_outside": []}
+    seen = {"save_died": None, "listing": None, "resumed": None, "resume_error": None, "resume_raised": None,
+            "left_out": resume.left_out, "written_outside": []}
     with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as elsewhere:
         # The same name as check_save_checkpoint's: nothing in the path tells the save which check runs it.
         written = os.path.join(folder, "checkpoint.pt")
@@ -339,15 +340,16 @@ def probe_resume_experiment(save_checkpoint, load_checkpoint, seed: int, k: int,
         except fresh_process.FreshProcessError as exc:
             seen["save_died"] = str(exc)
             return seen
-        # Only the file's bytes travel: not a link, nor what else the folder holds.
-        path = os.path.join(elsewhere, "checkpoint.pt")
-        if not copy_regular_file(written, path):
+        # Only what the save left on disk travels: the folder's files' bytes, not a link.
+        if "checkpoint.pt" not in copy_regular_files(folder, elsewhere):
             seen["listing"] = sorted(os.listdir(folder))
             return seen
+        path = os.path.join(elsewhere, "checkpoint.pt")
         try:
-            seen["resumed"] = resume.run(path, readable=[path], timeout=timeout, preload=__name__)
+            seen["resumed"] = resume.run(path, readable=[elsewhere], timeout=timeout, preload=__name__)
         except fresh_process.FreshProcessError as exc:
             seen["resume_error"] = str(exc)
+            seen["resume_raised"] = exc.described()
     return seen
 
 
@@ -424,8 +426,9 @@ def run_resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: in
 
 def _not_on_disk(seen: dict) -> str:
     """A resume in a fresh process fails, the same save and load in one process give the uninterrupted run."""
-    did = (f"raised {seen['resume_error']}" if seen["resume_error"] else
-           "gave another run than the uninterrupted one")
+    raised = seen["resume_raised"]
+    did = (f"raised {fresh_process.raised_text(raised)}" if raised else f"failed: {seen['resume_error']}"
+           if seen["resume_error"] else "gave another run than the uninterrupted one")
     return (f"The checkpoint was not really on disk: in a fresh process, which receives only the file at `path`, "
             f"load_checkpoint {did}; saved and resumed within one process, the same functions give the "
             f"uninterrupted run. The state went from the save to the load through memory or another file, not "

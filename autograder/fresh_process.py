@@ -62,9 +62,14 @@ AVAILABLE = hasattr(os, "fork") and hasattr(socket, "send_fds")   # not on Windo
 class FreshProcessError(RuntimeError):
     """The task failed in the fresh process (its error, as text), or the process did not report back."""
 
-    def __init__(self, message: str, error_type: str | None = None, where: str = ""):
+    def __init__(self, message: str, raised: dict | None = None, where: str = ""):
         super().__init__(message)
-        self.error_type, self.where = error_type, where
+        self.raised, self.where = raised, where
+
+    def described(self) -> dict | None:
+        """What the task raised, as grading.server.describe_exception gives it; None when it raised nothing
+        (the process died, or ran out of time)."""
+        return self.raised
 
 
 # ---- the caller's side ----------------------------------------------------------------------------
@@ -147,13 +152,16 @@ class _Server:
     """The caller's handle on one server: a datagram socket to it, its process id, a lock per request."""
 
     def __init__(self):
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        env = {**_KEPT_ENVIRONMENT, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HOME": "/nonexistent"}
+        # Messages with their boundaries; SEQPACKET also tells the caller when the server has ended.
+        kind = socket.SOCK_SEQPACKET if sys.platform.startswith("linux") else socket.SOCK_DGRAM
+        ours, theirs = socket.socketpair(socket.AF_UNIX, kind)
+        own = tempfile.mkdtemp(prefix="fresh-processes-")     # the server's home and temp folder (torch writes there)
+        env = {**_KEPT_ENVIRONMENT, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HOME": own, "TMPDIR": own}
         try:
             # -I: no PYTHON* variable, no user site, no working directory on sys.path; -B: no .pyc written.
             launcher = subprocess.Popen(
                 [_PYTHON, "-I", "-B", "-c", _BOOT, _PACKAGE_ROOT, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env=env, cwd="/", stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), env=env, cwd=own, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             launcher.wait()      # it forks the server and ends: the server is nobody's child to wait for
         finally:
@@ -176,14 +184,19 @@ class _Server:
     def run(self, payload: bytes, readable: list, listable: list, timeout: float, serve):
         folder = tempfile.mkdtemp(prefix="fresh-process-")
         ours, theirs = socket.socketpair()
-        pid = None
+        pidfd = None
         try:
             request = {"folder": folder, "readable": readable, "listable": listable, "timeout": timeout,
                        "id": os.urandom(8).hex()}
             with self.lock:
-                socket.send_fds(self.control, [json.dumps(request).encode()], [theirs.fileno()])
-                theirs.close()
-                pid = self._forked(request["id"], time.monotonic() + max(timeout, 60.0))
+                try:
+                    socket.send_fds(self.control, [json.dumps(request).encode()], [theirs.fileno()])
+                except OSError:
+                    _SERVER.pop("server", None)
+                    raise FreshProcessError("the server of fresh processes has ended") from None
+                finally:
+                    theirs.close()
+                pidfd = self._forked(request["id"], time.monotonic() + max(timeout, 60.0))
             deadline = time.monotonic() + timeout
             _send_frame(ours, payload)
             while True:
@@ -199,33 +212,66 @@ class _Server:
                     answer = {"raised": f"{type(exc).__name__}: {exc}"}
                 _send_frame(ours, _encode(answer))
         except TimeoutError:
+            # By its pidfd: a process id may already name another process. The server then ends the
+            # process group it led, before the id is free again.
             with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             raise FreshProcessError(f"the fresh process did not finish within {timeout:g} s") from None
         finally:
             ours.close()
-            if pid:      # and whatever it started in its process group
-                with contextlib.suppress(OSError):
-                    os.killpg(pid, signal.SIGKILL)
+            if pidfd is not None:
+                os.close(pidfd)
             shutil.rmtree(folder, ignore_errors=True)
         return _outcome(message)
 
     def _forked(self, request_id: str, deadline: float) -> int:
+        """The pidfd of the child the server forked for this request."""
         while True:
             ready, _, _ = select.select([self.control], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise FreshProcessError("the server of fresh processes did not answer in time")
-            reply = json.loads(self.control.recv(65536) or b"{}")
-            if reply.get("id") == request_id:      # (a late answer to an earlier request is skipped)
-                return reply["pid"]
+            message, fds, _, _ = socket.recv_fds(self.control, 65536, 1)
+            if not message:
+                _SERVER.pop("server", None)          # the next task starts another one
+                raise FreshProcessError("the server of fresh processes has ended")
+            reply = json.loads(message)
+            if reply.get("id") == request_id and len(fds) == 1:
+                return fds[0]
+            for fd in fds:           # a late answer to an earlier request
+                os.close(fd)
+            if reply.get("id") == request_id:
+                raise FreshProcessError("the fresh process ended as soon as it started")
 
 
 def _outcome(message: dict):
     if "error" in message:
         where = message.get("where") or ""
-        raise FreshProcessError(message["error"] + (f" (in {where})" if where else ""),
-                                message.get("type"), where)
+        raised = ({key: message[key] for key in ("type", "builtin", "message", "strerror") if key in message}
+                  if "type" in message else None)
+        raise FreshProcessError(message["error"] + (f" (in {where})" if where else ""), raised, where)
     return message["ok"]
+
+
+def _described(exc: BaseException, frames) -> dict:
+    """An exception raised by the task, as data: its text, type, message, where, whether a builtin type."""
+    try:
+        message = str(exc)
+    except Exception:           # noqa: BLE001 (a learner's exception may fail even to print)
+        message = "(the exception's message could not be read)"
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    described = {"error": text[:4000], "type": type(exc).__name__[:100], "message": message[:4000],
+                 "builtin": type(exc).__module__ == "builtins", "where": frames[-1].name if frames else ""}
+    if isinstance(exc, OSError) and exc.filename is not None and isinstance(exc.strerror, str):
+        described["strerror"] = exc.strerror[:200]
+    return described
+
+
+def raised_text(raised: dict) -> str:
+    """What a task raised, in words that do not depend on where it ran: an error on a file gives its
+    reason, not the file's path (which names a folder of the process it ran in)."""
+    if "strerror" in raised:
+        return f"{raised['type']} ({raised['strerror']}) on a file it opened"
+    return f"{raised['type']}: {raised['message']}" if raised.get("message") else raised["type"]
 
 
 def _run_here(payload: bytes):
@@ -306,12 +352,20 @@ def _serve(control_fd: int) -> None:
     import importlib
 
     from autograder.course import CHECK_MODULES, CHECK_SUPPORT
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)      # children are reaped by the kernel
+    signal.signal(signal.SIGCHLD, _reap)
     control = socket.socket(fileno=control_fd)
     importlib.import_module("autograder.grading.wire")  # torch and NumPy, once
     importlib.import_module("torch._dynamo")            # which an optimizer's first step imports (1.3 s)
     _READABLE["roots"] = readable_roots()
     allowed = set(CHECK_MODULES) | set(CHECK_SUPPORT)
+    try:
+        _serve_requests(control, allowed)
+    finally:
+        shutil.rmtree(os.environ.get("TMPDIR", "/nonexistent"), ignore_errors=True)   # its own folder
+
+
+def _serve_requests(control: socket.socket, allowed: set) -> None:
+    import importlib
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(control, 65536, 4)
@@ -340,9 +394,32 @@ def _serve(control_fd: int) -> None:
                 os._exit(0)
         os.close(fds[0])
         try:
-            control.send(json.dumps({"pid": pid, "id": request.get("id")}).encode())
+            pidfd = [os.pidfd_open(pid)]
+        except OSError:      # it has ended already
+            pidfd = []
+        try:
+            socket.send_fds(control, [json.dumps({"id": request.get("id")}).encode()], pidfd)
         except OSError:
             return
+        finally:
+            for fd in pidfd:
+                os.close(fd)
+
+
+def _reap(signum, frame) -> None:
+    """In the server, on SIGCHLD: end the process group each ended child led (what it started and left
+    running), while its id still names it (a child's id is free again once it is reaped), then reap it."""
+    while True:
+        try:
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if ended is None:
+            return
+        with contextlib.suppress(OSError):
+            os.killpg(ended.si_pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(ended.si_pid, 0)
 
 
 def _child(request: dict, connection_fd: int) -> None:
@@ -377,12 +454,7 @@ def _execute(payload: bytes) -> dict:
         _encode(outcome)            # data only, or the error below says what is not
         return outcome
     except BaseException as exc:    # noqa: BLE001 (reported to the caller, not raised here)
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-        try:
-            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        except Exception:           # noqa: BLE001
-            text = type(exc).__name__
-        return {"error": text[:4000], "type": type(exc).__name__, "where": frames[-1].name if frames else ""}
+        return _described(exc, [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__])
 
 
 def _close_all_but(keep: int) -> None:
@@ -560,30 +632,32 @@ def _call(task: Callable, args: tuple) -> dict:
     try:
         return {"ok": task(*args)}
     except BaseException as exc:    # noqa: BLE001 (reported to the parent, not raised here)
-        frames = traceback.extract_tb(exc.__traceback__)
-        return {"error": f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
-                "type": type(exc).__name__, "where": frames[-1].name if frames else ""}
+        return _described(exc, traceback.extract_tb(exc.__traceback__))
 
 
 # ---- what travels, and what did not: for the checks' messages -------------------------------------------
 
-def copy_regular_file(source: str, target: str) -> bool:
-    """Copy the bytes of ``source`` to ``target`` when it is a regular file (a link, wherever it points, is
-    no file); whether it was. What the check moves to a fresh process is these bytes: no link to follow, no
-    hard link through which another process could change them."""
-    try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        if not stat_is_regular(os.fstat(fd)):
-            return False
-        with open(target, "wb") as out:
-            while chunk := os.read(fd, 1 << 20):
-                out.write(chunk)
-        return True
-    finally:
-        os.close(fd)
+def copy_regular_files(source: str, target: str) -> list[str]:
+    """Copy the bytes of every regular file in the folder ``source`` (not its links, wherever they point,
+    nor its subfolders) into the folder ``target``; their names. What the check moves to a fresh process is
+    what the save left on disk where it was told to write: no link to follow, no hard link through which
+    another process could change the bytes."""
+    copied = []
+    for name in sorted(os.listdir(source)):
+        try:
+            fd = os.open(os.path.join(source, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if not stat_is_regular(os.fstat(fd)):
+                continue
+            with open(os.path.join(target, name), "wb") as out:
+                while chunk := os.read(fd, 1 << 20):
+                    out.write(chunk)
+            copied.append(name)
+        finally:
+            os.close(fd)
+    return copied
 
 
 def stat_is_regular(st) -> bool:
