@@ -78,7 +78,8 @@ class RunningMean(nn.Module):
 
 
 class AccumulationRun:
-    """One training run with gradient accumulation; ``position`` counts microbatches (backward passes).
+    """One training run with gradient accumulation; ``position`` counts microbatches fetched (backward
+    passes run), the committed ones and those in flight.
 
     Every ``accum_steps``-th microbatch ends an optimizer update: optimizer step, scaler update,
     scheduler step, and the data cursor commit. ``checkpoint()`` returns the bytes the loop would
@@ -101,7 +102,7 @@ class AccumulationRun:
             torch.manual_seed(seed)  # the dropout stream; a resume restores it from the checkpoint instead
         self.X, self.y = regression_data(n=dataset_size, seed=1000 + seed)  # the data itself never changes
         self._build_training_state()
-        self.position = 0          # microbatches consumed: the committed ones plus those in flight
+        self.position = 0          # microbatches fetched: the committed ones plus those in flight
         self._durable = self._state(include_gradients=False)  # what is on disk: the last commit
 
     def _build_training_state(self) -> None:
@@ -420,11 +421,6 @@ def probe_resume_equivalent(resume_equivalent, seed: int, accum_steps: int, writ
             return {"raised": exc.described() or {"type": "RuntimeError", "builtin": True, "message": str(exc)}}
 
 
-def start_fresh_processes() -> None:
-    """Start the server the checks' fresh processes fork from, beside the kernel (the set-up cell calls it)."""
-    fresh_process.start(__name__)
-
-
 # ---- the capstone's checks ------------------------------------------------------------------------
 
 def _verdict(resume_equivalent, policy: str, seed: int, accum_steps: int, total: int, crash_at: int,
@@ -512,7 +508,7 @@ def check_resume_equivalent_catches_claimed_microbatches(resume_equivalent, seed
     if crash_at % accum_steps == 0:
         raise ValueError("crash_at must fall inside an update for this check")
     _catches(resume_equivalent, "claims_uncommitted", seed, accum_steps, total, crash_at,
-             f"counts the {crash_at % accum_steps} uncommitted microbatches as consumed without saving "
+             f"counts the {crash_at % accum_steps} uncommitted microbatches as committed without saving "
              f"their gradients")
 
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from . import fresh_process
 from .checking import Remembered, expect, graded_check, load_written, observe
+from .grading.sandbox import learner_exception
 from .fresh_process import copy_regular_files, recording_writes_outside, what_did_not_travel
 from .helpers import watch
 
@@ -215,12 +216,6 @@ def scramble_rngs(entropy: int | None = None) -> None:
 
 # ---- a fresh process -------------------------------------------------------------------------
 
-def start_fresh_processes() -> None:
-    """Start the server this notebook's fresh processes fork from (a new Python interpreter importing torch
-    and this module, beside the kernel): the set-up cell calls it, so that the first resume need not wait."""
-    fresh_process.start(__name__)
-
-
 def _scrambled(task: Callable[[], object], entropy: int | None):
     scramble_rngs(entropy)
     return task()
@@ -237,7 +232,12 @@ def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0, read
     """
     if not fresh_process.AVAILABLE:
         return _run_in_this_process(task)
-    return fresh_process.packed(_scrambled, task, None).run(readable=readable, timeout=timeout, preload=__name__)
+    packed = fresh_process.packed(_scrambled, task, None)
+    try:
+        return packed.run(readable=readable, timeout=timeout, preload=__name__)
+    except fresh_process.FreshProcessError as exc:
+        behind = "; ".join(f"{name} ({what})" for name, what in packed.left_out.items())
+        raise RuntimeError(f"{exc}" + (f"; not handed to the fresh process: {behind}" if behind else "")) from None
 
 
 def _run_in_this_process(task: Callable[[], object]):
@@ -281,7 +281,7 @@ def probe_save(save_checkpoint, path: str, seed: int, k: int, after: int, timeou
     try:
         return fresh_process.in_a_fork(_save_and_train_on, save_checkpoint, path, seed, k, after, timeout=timeout)
     except fresh_process.FreshProcessError as exc:
-        return {"died": str(exc)}
+        return {"raised": exc.described()} if exc.described() else {"died": str(exc)}
 
 
 def _resumed(load_checkpoint, seed: int, steps: int, path: str) -> tuple:
@@ -329,7 +329,8 @@ def probe_resume_experiment(save_checkpoint, load_checkpoint, seed: int, k: int,
     (load_checkpoint's globals and closure variables that could not travel), "written_outside" (files the
     save wrote outside the checkpoint's folder)}."""
     resume = fresh_process.packed(_resumed, load_checkpoint, seed, steps)
-    seen = {"save_died": None, "listing": None, "resumed": None, "resume_error": None, "resume_raised": None,
+    seen = {"save_died": None, "save_raised": None, "listing": None, "resumed": None, "resume_error": None,
+            "resume_raised": None,
             "left_out": resume.left_out, "written_outside": []}
     with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as elsewhere:
         # The same name as check_save_checkpoint's: nothing in the path tells the save which check runs it.
@@ -338,7 +339,7 @@ def probe_resume_experiment(save_checkpoint, load_checkpoint, seed: int, k: int,
             seen["written_outside"] = fresh_process.in_a_fork(_train_and_save, save_checkpoint, written, seed, k,
                                                               timeout=timeout)
         except fresh_process.FreshProcessError as exc:
-            seen["save_died"] = str(exc)
+            seen["save_died"], seen["save_raised"] = str(exc), exc.described()
             return seen
         # Only what the save left on disk travels: the folder's files' bytes, not a link.
         if "checkpoint.pt" not in copy_regular_files(folder, elsewhere):
@@ -403,6 +404,11 @@ def run_resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: in
         expected = train_steps(continuous, n - k)
         final = snapshot(continuous)
     seen = observe(probe_resume_experiment, save_checkpoint, load_checkpoint, seed, k, n - k, timeout)
+    for raised in (seen["save_raised"], seen["resume_raised"]):
+        if raised and raised["type"] == "NotImplementedError":
+            raise NotImplementedError(raised["message"])     # an exercise not answered yet
+    if seen["save_raised"]:
+        raise learner_exception(seen["save_raised"])
     if seen["save_died"]:
         raise AssertionError(f"save_checkpoint, run in a process of its own, did not return: {seen['save_died']}.")
     expect(seen["listing"] is None, f"save_checkpoint(path, trainer) wrote no file at `path` (the folder holds "
@@ -548,6 +554,8 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 8) -> None:
 
         path = os.path.join(folder, "checkpoint.pt")
         seen = observe(probe_save, save_checkpoint, path, seed, k, after=3)
+        if "raised" in seen:
+            raise learner_exception(seen["raised"])
         if "died" in seen:
             raise AssertionError(f"save_checkpoint, run in a process of its own, did not return: {seen['died']}.")
         expect(seen["returned"] is None, f"save_checkpoint returned a {seen['returned']}; it should write the "
