@@ -369,6 +369,16 @@ def _saving(save_checkpoint, path: str, w: np.ndarray, state: dict) -> tuple:
     return None, outside
 
 
+def warm_up_fresh_processes() -> None:
+    """In the server of fresh processes (fresh_process._warm): np.load and np.savez's modules, imported once."""
+    import io
+    buffer = io.BytesIO()
+    np.savez(buffer, w=np.zeros(1))
+    buffer.seek(0)
+    with np.load(buffer) as loaded:
+        loaded["w"].copy()
+
+
 def _resuming(resume, path: str):
     """In the fresh process: the learner's resume from the file at ``path``."""
     return resume(path)

@@ -342,10 +342,17 @@ class _ResumeRunHandle:
         return "resume_run"
 
 
+_RNG_SEEN: dict = {}     # in the fresh process: torch's RNG state as it last travelled
+
+
 def _ask(what: str, number: int | None = None, microbatches=None, blob=None):
+    state = torch.get_rng_state()
+    changed = not ("last" in _RNG_SEEN and torch.equal(state, _RNG_SEEN["last"]))    # (5 KB: sent when changed)
     reply = fresh_process.ask({"what": what, "run": number, "microbatches": microbatches, "blob": blob,
-                               "rng": torch.get_rng_state()})
-    torch.set_rng_state(reply["rng"])
+                               "rng": state if changed else None})
+    if reply["rng"] is not None:
+        torch.set_rng_state(reply["rng"])
+    _RNG_SEEN["last"] = torch.get_rng_state()
     return reply["value"]
 
 
@@ -358,9 +365,19 @@ class _Runs:
         self.new_run, self.resume_run = NewRun(seed, accum_steps, writes), ResumeRun(how)
         self.runs: list[AccumulationRun] = []
         self.checkpoints: dict[bytes, bytes] = {}
+        self.rng = torch.get_rng_state()    # the learner process's, as it last travelled
 
     def answer(self, question: dict) -> dict:
-        torch.set_rng_state(question["rng"])
+        if question["rng"] is not None:
+            torch.set_rng_state(question["rng"])
+            self.rng = question["rng"]
+        torch.set_rng_state(self.rng)
+        before = self.rng
+        reply = self._answer(question)
+        self.rng = torch.get_rng_state()
+        return {"value": reply, "rng": None if torch.equal(self.rng, before) else self.rng}
+
+    def _answer(self, question: dict):
         what = question["what"]
         if what == "new":
             value = self._kept(self.new_run())
@@ -386,13 +403,19 @@ class _Runs:
                 value = receipt
             else:
                 raise ValueError(f"no such question: {what!r}")
-        return {"value": value, "rng": torch.get_rng_state()}
+        return value
 
     def _kept(self, run: AccumulationRun) -> int:
         if len(self.runs) >= self.MAX_RUNS:
             raise ValueError(f"more than {self.MAX_RUNS} runs")
         self.runs.append(run)
         return len(self.runs) - 1
+
+
+def warm_up_fresh_processes() -> None:
+    """In the server of fresh processes (fresh_process._warm): what a learner's check calls first imports
+    (torch.manual_seed imports torch.cuda and the other device modules), imported once there."""
+    torch.manual_seed(torch.initial_seed())
 
 
 def _judged(resume_equivalent, total: int, crash_at: int, atol) -> dict:

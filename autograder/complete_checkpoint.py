@@ -216,6 +216,11 @@ def scramble_rngs(entropy: int | None = None) -> None:
 
 # ---- a fresh process -------------------------------------------------------------------------
 
+def warm_up_fresh_processes() -> None:
+    """In the server of fresh processes (fresh_process._warm): a resume's first steps, imported once there."""
+    with preserved_rngs():
+        train_steps(make_trainer(0), 1)
+
 def _scrambled(task: Callable[[], object], entropy: int | None):
     scramble_rngs(entropy)
     return task()

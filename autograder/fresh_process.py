@@ -355,7 +355,6 @@ def _serve(control_fd: int) -> None:
     signal.signal(signal.SIGCHLD, _reap)
     control = socket.socket(fileno=control_fd)
     importlib.import_module("autograder.grading.wire")  # torch and NumPy, once
-    importlib.import_module("torch._dynamo")            # which an optimizer's first step imports (1.3 s)
     _READABLE["roots"] = readable_roots()
     allowed = set(CHECK_MODULES) | set(CHECK_SUPPORT)
     try:
@@ -377,7 +376,7 @@ def _serve_requests(control: socket.socket, allowed: set) -> None:
             request = json.loads(message)
             if "preload" in request:
                 if request["preload"] in allowed:
-                    importlib.import_module(request["preload"])
+                    _warm(importlib.import_module(request["preload"]))
                 continue
             if "folder" not in request or len(fds) != 1:
                 continue
@@ -404,6 +403,23 @@ def _serve_requests(control: socket.socket, allowed: set) -> None:
         finally:
             for fd in pidfd:
                 os.close(fd)
+
+
+def _warm(module) -> None:
+    """Run a check module's ``warm_up_fresh_processes()`` here, in the server, once: what its tasks import
+    on first use (torch.manual_seed imports torch.cuda, an optimizer's first step torch._dynamo) is then
+    imported in every child already, instead of in each. torch's RNG is put back where a new interpreter
+    has it; NumPy's and Python's were seeded from the OS and stay so."""
+    warm = getattr(module, "warm_up_fresh_processes", None)
+    if warm is None:
+        return
+    import torch
+    seed = torch.initial_seed()
+    try:
+        warm()
+    except Exception:     # noqa: BLE001 (a child then imports what it needs itself)
+        pass
+    torch.manual_seed(seed)
 
 
 def _reap(signum, frame) -> None:
