@@ -276,10 +276,7 @@ def raised_text(raised: dict) -> str:
 
 def _run_here(payload: bytes):
     """Without fork (Windows): the task in this very process, a weaker test (what memory holds is shared)."""
-    try:
-        return _outcome(_decode(_encode(_execute(payload))))
-    except FreshProcessError:
-        raise
+    return _outcome(_decode(_encode(_execute(payload))))
 
 
 # ---- frames on a stream socket: a length, then JSON made by wire.encode ---------------------------
