@@ -289,14 +289,19 @@ def probe_save(save_checkpoint, path: str, seed: int, k: int, after: int, timeou
         return {"raised": exc.described()} if exc.described() else {"died": str(exc)}
 
 
+_FRESH_TRAINER_SEED, _FRESH_ENTROPY = 2 ** 31 - 1, 2 ** 40 + 2026     # no check's seed
+
+
 def _resumed(load_checkpoint, seed: int, steps: int, path: str) -> tuple:
     """Load ``path`` into a trainer built with another seed, RNGs elsewhere, and train ``steps`` steps: its
     snapshot right after loading, the steps' records, its snapshot after them, and what load_checkpoint
     changed in the trainer's objects besides their state (those snapshots and records are read through them)."""
-    trainer = make_trainer(seed + 1000)
-    # Away from any state of the run, but the same place every time: a resume that fails to restore
-    # an RNG then reads the same on every run, in the judge as in the learner's kernel.
-    scramble_rngs(entropy=seed + 2000)
+    # Another seed and RNGs elsewhere, the same for every scenario: nothing in the trainer's weights or in
+    # torch.initial_seed() tells which run was saved (a seed derived from the run's could be inverted and
+    # the run rebuilt instead of loaded). The same place every time: a resume that fails to restore an RNG
+    # then reads the same on every run, in the judge as in the learner's kernel.
+    trainer = make_trainer(_FRESH_TRAINER_SEED)
+    scramble_rngs(entropy=_FRESH_ENTROPY)
     changed = watch(_trainer_parts(trainer))
     load_checkpoint(path, trainer)
     tampering = changed()
