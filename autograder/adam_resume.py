@@ -6,7 +6,9 @@ itself, run in float64 on the same NumPy problem, so this module holds no
 NumPy Adam to copy from. Textbook Adam (m-hat / v-hat) and PyTorch's rearranged
 form round differently, so single steps are compared within a few ulps; a
 resume is compared bitwise against the uninterrupted run, because both go
-through the very same arithmetic.
+through the very same arithmetic. The learner's saves run in forked children and
+the resumes in a fresh process (``autograder.fresh_process``), so only the file
+connects them.
 """
 
 from __future__ import annotations

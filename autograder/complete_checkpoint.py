@@ -3,11 +3,15 @@
 The notebook provides the training setup (``make_trainer``, ``train_steps``) from
 here, so the checks and the learner run the very same code. A check trains one
 trainer for N steps without a break. Its probes, run where the learner's functions
-live, train another for k steps and save it with the learner's ``save_checkpoint``;
-then, in a forked child process, build a trainer with another seed, move its RNGs
-elsewhere, call the learner's ``load_checkpoint`` and train N - k steps, and report
-what they saw. Every component is compared right after loading and step by step
-afterwards, so a failure names the component that diverged first.
+live, train another for k steps and save it with the learner's ``save_checkpoint`` in a
+forked child (what the save leaves in memory dies with it); then, in a fresh process
+(``autograder.fresh_process``: a new interpreter that never held the saving process's
+memory, given a copy of what the save left in its folder), build a trainer with another
+seed, move its RNGs elsewhere, call the learner's ``load_checkpoint`` and train N - k
+steps, and report what they saw. Every component is compared right after loading and
+step by step afterwards, so a failure names the component that diverged first; where the
+fresh process fails and a save and load in one process succeed, the state went through
+memory or another file, and the message says so.
 """
 
 from __future__ import annotations
