@@ -149,7 +149,7 @@ def files_are_private() -> bool:
 
 
 class _Server:
-    """The caller's handle on one server: a datagram socket to it, its process id, a lock per request."""
+    """The caller's handle on one server: a socket pair of messages to it, and a lock per request."""
 
     def __init__(self):
         # Messages with their boundaries; SEQPACKET also tells the caller when the server has ended.
@@ -200,17 +200,28 @@ class _Server:
             deadline = time.monotonic() + timeout
             _send_frame(ours, payload)
             while True:
-                frame = _receive_frame(ours, deadline)
+                try:
+                    frame = _receive_frame(ours, deadline)
+                except (ConnectionError, BrokenPipeError):
+                    frame = None
                 if frame is None:
                     raise FreshProcessError("the fresh process died before reporting back")
-                message = _decode(frame)
+                try:
+                    message = _decode(frame)
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise FreshProcessError(f"the fresh process sent something that is not data ({exc})") from None
+                if not isinstance(message, dict):
+                    raise FreshProcessError("the fresh process sent something that is not a report")
                 if "ask" not in message:
                     break
                 try:
                     answer = {"answer": serve(message["ask"]) if serve else None}
                 except Exception as exc:      # noqa: BLE001 (the question was not one to answer)
                     answer = {"raised": f"{type(exc).__name__}: {exc}"}
-                _send_frame(ours, _encode(answer))
+                try:
+                    _send_frame(ours, _encode(answer))
+                except (ConnectionError, BrokenPipeError):
+                    raise FreshProcessError("the fresh process died before reporting back") from None
         except TimeoutError:
             # By its pidfd: a process id may already name another process. The server then ends the
             # process group it led, before the id is free again.
@@ -244,6 +255,8 @@ class _Server:
 
 
 def _outcome(message: dict):
+    if "error" not in message and "ok" not in message:
+        raise FreshProcessError("the fresh process sent a report without a result")
     if "error" in message:
         where = message.get("where") or ""
         raised = ({key: message[key] for key in ("type", "builtin", "message", "strerror") if key in message}
