@@ -2,7 +2,7 @@
 
 Top level: one module per notebook holds that notebook's checks (``state_dict_aliasing`` for
 notebook 01, ...; the registry is ``course``), with what they build on (``checking``, ``helpers``,
-``portable``, ``contract``) and notebook 07's rank runtime (``gloo_demo``, ``rank_server``).
+``portable``, ``contract``, ``fresh_process``) and notebook 07's rank runtime (``gloo_demo``, ``rank_server``).
 Checks drive the learner's code as a black box: they call it, then observe returned values,
 files and processes. ``grading/`` is the trusted-grading engine, ``commands/`` the console commands.
 """

@@ -6,20 +6,23 @@ itself, run in float64 on the same NumPy problem, so this module holds no
 NumPy Adam to copy from. Textbook Adam (m-hat / v-hat) and PyTorch's rearranged
 form round differently, so single steps are compared within a few ulps; a
 resume is compared bitwise against the uninterrupted run, because both go
-through the very same arithmetic.
+through the very same arithmetic. The learner's saves run in forked children and
+the resumes in a fresh process (``autograder.fresh_process``), so only the file
+connects them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import tempfile
 
 import numpy as np
 import torch
 
+from . import fresh_process
 from .checking import expect, graded_check, observe, type_name
-from .complete_checkpoint import run_in_fresh_process
 from .grading.sandbox import learner_exception
 from .grading.server import describe_exception
 
@@ -303,22 +306,45 @@ def _trained(seed: int, k: int, hp: dict):
     return problem, reference.w, reference.state
 
 
+def _saved_here(save_checkpoint, path: str, w: np.ndarray, state: dict) -> dict:
+    """In a forked child: save, and say what it returned, what was at `path`, what else in its folder, and
+    whether the arrays it was given changed."""
+    before = (w.copy(), {key: np.copy(v) for key, v in state.items()})
+    result = save_checkpoint(path, w, state)
+    folder, name = os.path.split(path)
+    return {"returned": None if result is None else type_name(result),
+            "size": os.path.getsize(path) if os.path.isfile(path) else None,
+            "elsewhere": sorted(n for n in os.listdir(folder) if n != name),
+            "changed": not (np.array_equal(w, before[0]) and all(np.array_equal(state[key], before[1][key])
+                                                                 for key in before[1]))}
+
+
+def probe_save_checkpoint(save_checkpoint, path: str, w: np.ndarray, state: dict, timeout: float = 20.0) -> dict:
+    """The learner's save, in a forked child (what it keeps in memory dies with it: a later resume cannot
+    find it in this process): _saved_here's report, or {"raised": what it raised} or {"died": why}."""
+    try:
+        return fresh_process.in_a_fork(_saved_here, save_checkpoint, path, w, state, timeout=timeout)
+    except fresh_process.FreshProcessError as exc:
+        return {"raised": exc.described()} if exc.described() else {"died": str(exc)}
+
+
 @graded_check("save_checkpoint writes the weights and the Adam state to disk and leaves them untouched")
 def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 9, **hp) -> None:
     _, w, state = _trained(seed, k, hyper(**hp))
-    before = (w.copy(), {key: np.copy(v) for key, v in state.items()})
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "adam.ckpt")
-        result = save_checkpoint(path, w, state)
-        size = os.path.getsize(path) if os.path.isfile(path) else None
-        elsewhere = sorted(name for name in os.listdir(folder) if name != os.path.basename(path))
-    expect(result is None, f"save_checkpoint returned a {type(result).__name__}; it should write to disk "
-                           f"and return None (the checkpoint is the file, not a value in memory).")
+        seen = observe(probe_save_checkpoint, save_checkpoint, path, w, state)
+    if "died" in seen:
+        raise AssertionError(f"save_checkpoint, run in a process of its own, did not return: {seen['died']}.")
+    if "raised" in seen:
+        raise learner_exception(seen["raised"])
+    expect(seen["returned"] is None, f"save_checkpoint returned a {seen['returned']}; it should write to disk "
+                                     f"and return None (the checkpoint is the file, not a value in memory).")
     name = os.path.basename(path)
-    expect(size is not None, _no_file_at_path(name, elsewhere))
-    expect(size, f"save_checkpoint({name!r}, w, state) left an empty file at `path`: the weights and the Adam "
-                 f"state must be in it.")
-    expect(np.array_equal(w, before[0]) and all(np.array_equal(state[key], before[1][key]) for key in before[1]),
+    expect(seen["size"] is not None, _no_file_at_path(name, seen["elsewhere"]))
+    expect(seen["size"], f"save_checkpoint({name!r}, w, state) left an empty file at `path`: the weights and "
+                         f"the Adam state must be in it.")
+    expect(not seen["changed"],
            "Saving changed the weights or the Adam state it was given: save_checkpoint must only read them.")
 
 
@@ -334,15 +360,36 @@ def _no_file_at_path(name: str, elsewhere: list[str]) -> str:
                                                             "a resume looks for it."))
 
 
-def _saving(save_checkpoint, path: str, w: np.ndarray, state: dict):
-    """A task for a fresh process: save, and tell what the save raised (None when nothing)."""
-    def save() -> dict | None:
-        try:
-            save_checkpoint(path, w, state)
-        except Exception as exc:
-            return describe_exception(exc)
-        return None
-    return save
+def _saving(save_checkpoint, path: str, w: np.ndarray, state: dict) -> tuple:
+    """In a forked child: save; what the save raised (None when nothing), and the files it wrote outside
+    the checkpoint's folder (see fresh_process.recording_writes_outside)."""
+    outside = fresh_process.recording_writes_outside(os.path.dirname(path))
+    try:
+        save_checkpoint(path, w, state)
+    except Exception as exc:
+        return describe_exception(exc), outside
+    return None, outside
+
+
+def warm_up_fresh_processes() -> None:
+    """In the server of fresh processes (fresh_process._warm): np.load and np.savez's modules, imported once."""
+    import io
+    buffer = io.BytesIO()
+    np.savez(buffer, w=np.zeros(1))
+    buffer.seek(0)
+    with np.load(buffer) as loaded:
+        loaded["w"].copy()
+
+
+def _resuming(resume, path: str):
+    """In the fresh process: the learner's resume from the file at ``path``."""
+    return resume(path)
+
+
+def _round_trip(save_checkpoint, resume, path: str, w: np.ndarray, state: dict, full: bool) -> bool:
+    """The control, in one forked child: a save and a resume in one and the same process."""
+    save_checkpoint(path, w.copy(), {key: np.copy(v) for key, v in state.items()})
+    return _same(resume(path), w, state, full)
 
 
 def _same(result, w: np.ndarray, state: dict, full: bool = True) -> bool:
@@ -360,60 +407,69 @@ def _same(result, w: np.ndarray, state: dict, full: bool = True) -> bool:
 
 def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, state: dict, full: bool = True,
                             timeout: float = 20.0) -> dict:
-    """Save ``w`` and ``state`` to ``path`` with the learner's code in a fresh (forked) process, then resume
-    from ``path`` with the learner's code here, in a process that never saw the save: only the file gets
-    through. Returns {"resumed": what the resume returned, "raised": what it raised (see grading.server.describe_exception) or
-    None, "save_raised": what the save raised or None, "save_died": why the saving process failed or None,
-    "at_path": whether the save left a file at ``path``, "elsewhere": the other names in its folder, "control":
-    None, or, when the resume did not give back what was saved (its weights only, unless ``full``), whether a
-    save and a resume in one and the same fresh process do}.
+    """Save ``w`` and ``state`` to ``path`` with the learner's code in a forked child, copy the file to
+    another folder under the same name, and resume from the copy with the learner's code in a fresh process
+    (autograder.fresh_process): a new interpreter that never held this one's memory, reading no file but
+    the copy. ``resume`` is packed before the save runs, so nothing the save leaves in memory reaches it.
 
-    Where there is no fork, the save runs here; the arrays it was given are then overwritten before the
-    resume, so that a "checkpoint" that only keeps references to them moves too."""
+    Returns {"resumed": what the resume returned (data), "raised": what it raised (see
+    grading.server.describe_exception) or None, "resumed_at": the copy's path, "save_raised": what the save
+    raised or None, "save_died": why the saving process failed or None, "at_path": whether the save left a
+    file at ``path``, "elsewhere": the other names in its folder, "left_out" and "written_outside" (what of
+    the resume's globals could not travel, where the save wrote outside the folder), "control": None, or,
+    when the resume did not give back what was saved (its weights only, unless ``full``), whether a save and
+    a resume in one and the same process do}."""
     saved_w, saved_state = w.copy(), {key: np.copy(value) for key, value in state.items()}
-    seen = {"resumed": None, "raised": None, "save_raised": None, "save_died": None, "control": None,
-            "at_path": None, "elsewhere": None}
+    resuming = fresh_process.packed(_resuming, resume)
+    seen = {"resumed": None, "raised": None, "resumed_at": None, "save_raised": None, "save_died": None,
+            "control": None, "at_path": None, "elsewhere": None, "left_out": resuming.left_out,
+            "written_outside": []}
     try:
-        seen["save_raised"] = run_in_fresh_process(_saving(save_checkpoint, path, w, state), timeout)
-    except RuntimeError as exc:  # it died, ran out of time, or ended itself (sys.exit)
+        seen["save_raised"], seen["written_outside"] = fresh_process.in_a_fork(_saving, save_checkpoint, path, w,
+                                                                               state, timeout=timeout)
+    except fresh_process.FreshProcessError as exc:  # it died, ran out of time, or ended itself (sys.exit)
         seen["save_died"] = str(exc)
     if seen["save_raised"] or seen["save_died"]:
         return seen
+    folder, name = os.path.split(path)
     seen["at_path"] = os.path.isfile(path)
-    seen["elsewhere"] = sorted(name for name in os.listdir(os.path.dirname(path)) if name != os.path.basename(path))
-    # Training goes on in the same arrays after a save: a checkpoint that still points at them moves too.
-    w[:] = 0.0
-    state["m"][:] = 0.0
-    state["v"][:] = 0.0
-    state["t"] = -1
+    seen["elsewhere"] = sorted(n for n in os.listdir(folder) if n != name)
+    # Another folder, the same name: only what the save left on disk travels (the folder's files' bytes, not
+    # a link), and nothing in the path says which run this is.
+    elsewhere = tempfile.mkdtemp(dir=folder)
     try:
-        seen["resumed"] = resume(path)
-    except Exception as exc:
-        seen["raised"] = describe_exception(exc)
-    if seen["raised"] or not _same(seen["resumed"], saved_w, saved_state, full):
-        def round_trip() -> bool:
-            # Another folder, the same name: nothing in the path tells the learner's code this is the control.
-            control = os.path.join(tempfile.mkdtemp(dir=os.path.dirname(path)), os.path.basename(path))
-            save_checkpoint(control, saved_w.copy(), {key: np.copy(v) for key, v in saved_state.items()})
-            return _same(resume(control), saved_w, saved_state, full)
+        moved = tempfile.mkdtemp(dir=elsewhere)
+        fresh_process.copy_regular_files(folder, moved)
+        copy = seen["resumed_at"] = os.path.join(moved, name)
         try:
-            seen["control"] = run_in_fresh_process(round_trip, timeout)
-        except RuntimeError:
-            seen["control"] = False
+            seen["resumed"] = resuming.run(copy, readable=[moved], timeout=timeout, preload=__name__)
+        except fresh_process.FreshProcessError as exc:
+            seen["raised"] = exc.described() or {"type": "RuntimeError", "builtin": True, "message": str(exc)}
+        if seen["raised"] or not _same(seen["resumed"], saved_w, saved_state, full):
+            control = os.path.join(tempfile.mkdtemp(dir=elsewhere), name)
+            try:
+                seen["control"] = fresh_process.in_a_fork(_round_trip, save_checkpoint, resume, control, saved_w,
+                                                          saved_state, full, timeout=timeout)
+            except fresh_process.FreshProcessError:
+                seen["control"] = False
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
     return seen
 
 
-def _not_on_disk(seen: dict, path: str, saved, what: str, full: bool) -> str:
+def _not_on_disk(seen: dict, saved, what: str, full: bool) -> str:
     """The failure message when a resume from the file alone fails, where a resume in the saving process works."""
     if seen["raised"]:
-        raised = seen["raised"]
-        message = raised["message"].replace(path, "path").replace(os.path.dirname(path), "its folder")
-        did = f"raised {raised['type']}" + (f": {message}" if message else "")
+        raised = dict(seen["raised"])
+        for shown, as_ in ((seen["resumed_at"], "path"), (os.path.dirname(seen["resumed_at"]), "its folder")):
+            raised["message"] = raised.get("message", "").replace(shown, as_)
+        did = f"raised {fresh_process.raised_text(raised)}"
     else:
         did = f"returned {_summary(seen['resumed'], saved, full)}"
     return (f"The checkpoint was not really on disk: the resume in a fresh process found only the file, and "
             f"{what}(path) {did} there. Saved and resumed within one process, the same functions give back "
-            f"what was saved: the state went through memory, not through the file. After a crash only the file "
+            f"what was saved: the state went through memory or another file, not through the checkpoint. "
+            f"{fresh_process.what_did_not_travel(seen, 'save_checkpoint', what)}After a crash only the file "
             f"is left; write everything into it.")
 
 
@@ -447,7 +503,7 @@ def _saved_and_resumed(save_checkpoint, resume, seed: int, k: int, hp: dict, wha
     if seen["save_raised"]:
         raise learner_exception(seen["save_raised"])
     if seen["control"]:
-        raise AssertionError(_not_on_disk(seen, path, saved, what, full))
+        raise AssertionError(_not_on_disk(seen, saved, what, full))
     if seen["raised"] and not seen["at_path"]:
         raise AssertionError(f"{what}(path) raised {seen['raised']['type']}: "
                              + _no_file_at_path(os.path.basename(path), seen["elsewhere"]))
@@ -479,12 +535,11 @@ def check_resume_from_full_checkpoint(resume_from_full_checkpoint, save_checkpoi
     hp = hyper(lr=lr, **hp)
     problem, (w_saved, s_saved), (w, state) = _saved_and_resumed(save_checkpoint, resume_from_full_checkpoint,
                                                                  seed, k, hp, "resume_from_full_checkpoint")
-    stale = "It matches what the arrays held after the save: the checkpoint was not really on disk."
     expect(int(state["t"]) == k,
            f"The resumed state has t = {state['t']}, but {k} steps were taken before the save. "
            + ("Adam's step count restarted, so bias correction treats the resume as a fresh start. "
               "What does your checkpoint store for t?" if int(state["t"]) == 0 else
-              stale if int(state["t"]) == -1 else "Is t saved and read back as the step count?"))
+              "Is t saved and read back as the step count?"))
     for key, name in (("m", "first moment m"), ("v", "second moment v")):
         if not np.array_equal(state[key], s_saved[key]):
             raise AssertionError(
@@ -493,7 +548,7 @@ def check_resume_from_full_checkpoint(resume_from_full_checkpoint, save_checkpoi
                    if not np.any(state[key]) else ". The round trip must be exact: keep float64."))
     if not np.array_equal(w, w_saved):
         raise AssertionError(f"The resumed weights differ from the saved ones ({_differs(w, w_saved)}). "
-                             + (stale if not np.any(w) else "The round trip must be exact: keep float64."))
+                             + "The round trip must be exact: keep float64.")
     expected = TorchAdam(problem.w0, **hp).run(problem.grad, n)
     resumed = TorchAdam(w, state, **hp).run(problem.grad, n - k)
     expect(np.array_equal(resumed, expected),

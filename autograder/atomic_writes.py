@@ -56,7 +56,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from .checking import expect, graded_check, load_written, observe, silence_this_process
+from .checking import expect, graded_check, load_written, observe, returned_path, silence_this_process
 from .helpers import changed_global_rngs, describe_rng_change, recording_global_rngs
 from .grading.confine import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
 
@@ -950,13 +950,19 @@ def _expect_result(result, expected_path, expected_obj, situation: str) -> None:
            f"{situation}: load_latest_checkpoint should return a (path, checkpoint) tuple, but it returned "
            f"{type(result).__name__}{'' if result is not None else ' (None)'}.")
     path, obj = result
-    if not os.path.exists(os.fspath(path)) and os.fspath(path) == os.path.basename(expected_path):
+    # Judged as data (checking.returned_path): a path is never looked up outside the check's own folder.
+    verdict, shown = returned_path(path, expected_path, os.path.dirname(expected_path))
+    if verdict in ("name", "relative"):
+        what = "the file's name, not its path" if verdict == "name" else "a relative path"
         raise AssertionError(
-            f"{situation}: it returned {os.fspath(path)!r}, the file's name, not its path. A caller opens the "
-            f"path it gets, from whatever working directory it runs in: return os.path.join(directory, name).")
-    expect(os.path.exists(os.fspath(path)) and os.path.samefile(os.fspath(path), expected_path),
-           f"{situation}: it returned {os.path.basename(os.fspath(path))!r}, but the loadable checkpoint of the "
-           f"latest step is {os.path.basename(expected_path)!r}.")
+            f"{situation}: it returned {shown!r}, {what}. A caller opens the path it gets, from whatever working "
+            f"directory it runs in: return the path in `directory`, os.path.join(directory, name).")
+    expect(verdict != "not a path", f"{situation}: load_latest_checkpoint should return (path, checkpoint) with "
+                                    f"the path as a str, not a {shown}.")
+    expect(verdict != "outside", f"{situation}: it returned {shown!r}, a path outside the folder it was given. "
+                                 f"The checkpoint to load is a file in `directory`: return its path there.")
+    expect(verdict == "same", f"{situation}: it returned {shown!r}, but the loadable checkpoint of the latest "
+                              f"step is {os.path.basename(expected_path)!r}.")
     expect(same_checkpoint(obj, expected_obj),
            f"{situation}: the returned checkpoint is not what {os.path.basename(expected_path)!r} holds.")
 

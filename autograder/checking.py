@@ -181,6 +181,42 @@ def load_written(path):
         return torch.load(path, weights_only=True)
 
 
+def returned_path(returned, expected: str, folder: str) -> tuple[str, str]:
+    """How a path the learner's code returned compares with ``expected``, a file in the check's own
+    ``folder``, judged as data: never resolved against this process's working folder (in the grader, the
+    course folder), and looked up on disk only inside ``folder``. So the verdict, and the message made
+    from it, say nothing about what exists anywhere else. Returns (verdict, shown):
+
+    * ("same", name): it is ``expected`` (lexically, or the same file inside ``folder``);
+    * ("name", shown): a relative path that is ``expected``'s file name: the name, not the path;
+    * ("relative", shown): another relative path;
+    * ("inside", name): an absolute path to another entry of ``folder``, named relative to it;
+    * ("outside", shown): an absolute path outside ``folder``;
+    * ("not a path", type name): neither a str nor an os.PathLike of one.
+    """
+    try:
+        given = os.fspath(returned)
+    except TypeError:
+        return "not a path", type_name(returned)
+    if not isinstance(given, str):
+        return "not a path", type_name(given)
+    if not os.path.isabs(given):
+        return ("name" if os.path.normpath(given) == os.path.basename(expected) else "relative"), given
+    path = os.path.normpath(given)
+    for root in dict.fromkeys((os.path.normpath(folder), os.path.realpath(folder))):
+        if os.path.commonpath([root, path]) == root:
+            inside = os.path.relpath(path, root)
+            if path == os.path.normpath(expected) or (root != os.path.normpath(folder) and
+                                                      inside == os.path.relpath(expected, folder)):
+                return "same", inside
+            try:
+                same = os.path.samefile(path, expected)      # a link inside the folder, say
+            except (OSError, ValueError):
+                same = False
+            return ("same" if same else "inside"), inside
+    return "outside", given
+
+
 def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 

@@ -8,9 +8,9 @@ checkpoints and how it resumes: two correct ways, one way for each trap the
 notebook names, and two that test the comparison itself (a resume that differs
 in one tensor, one whose last bits differ). The capstone checks drive the
 learner's ``resume_equivalent`` with runs of each policy, as a black box: it must
-accept both correct resumes and reject every broken one. What they hand to it
-(``NewRun``, ``ResumeRun``, the runs and their checkpoints) carries numbers, never
-the name of the policy being tested.
+accept both correct resumes and reject every broken one. It runs in a fresh process and
+holds handles only: the runs, their checkpoints and the policy stay in the process that
+runs the check (see "what the learner's resume_equivalent is handed" below).
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ from __future__ import annotations
 import copy
 import io
 import math
+import os
 
 import numpy as np
 import torch
 from torch import nn
 
-from .checking import expect, failing_if_raised, graded_check, max_abs_diff
+from . import fresh_process
+from .checking import expect, graded_check, max_abs_diff, observe
 from .helpers import regression_data
 
 # How a run writes its checkpoint, and how a resume rebuilds it. Each scenario of the notebook (a "policy")
@@ -76,7 +78,8 @@ class RunningMean(nn.Module):
 
 
 class AccumulationRun:
-    """One training run with gradient accumulation; ``position`` counts microbatches (backward passes).
+    """One training run with gradient accumulation; ``position`` counts microbatches fetched (backward
+    passes run), the committed ones and those in flight.
 
     Every ``accum_steps``-th microbatch ends an optimizer update: optimizer step, scaler update,
     scheduler step, and the data cursor commit. ``checkpoint()`` returns the bytes the loop would
@@ -99,7 +102,7 @@ class AccumulationRun:
             torch.manual_seed(seed)  # the dropout stream; a resume restores it from the checkpoint instead
         self.X, self.y = regression_data(n=dataset_size, seed=1000 + seed)  # the data itself never changes
         self._build_training_state()
-        self.position = 0          # microbatches consumed: the committed ones plus those in flight
+        self.position = 0          # microbatches fetched: the committed ones plus those in flight
         self._durable = self._state(include_gradients=False)  # what is on disk: the last commit
 
     def _build_training_state(self) -> None:
@@ -278,25 +281,184 @@ def uninterrupted_run(seed: int = 0, accum_steps: int = 4, total: int = 12) -> d
     return run.weights()
 
 
+# ---- what the learner's resume_equivalent is handed: handles on runs that live elsewhere -------------------
+#
+# resume_equivalent runs in a fresh process (autograder.fresh_process): a new interpreter that never held the
+# memory of the process that runs the check, reading no file, opening no socket. What it is handed are
+# handles: new_run(), resume_run(blob) and each run's train(n), position, checkpoint() and weights() ask the
+# process that runs the check, where the runs live, with the scenario they play. So nothing the learner's
+# code can read (an attribute, __reduce__, the pickled bytes, vars(), gc, the calling frame) tells which
+# scenario it is: only running the runs and comparing them does. A checkpoint is a receipt for the bytes
+# kept there. torch's global RNG travels with every call, both ways, so the runs draw from the RNG of the
+# learner's process, as if they ran there: a new_run() reseeds it, a torch.manual_seed() between the crash and
+# resume_run() disturbs what the resumed run draws, exactly as in this notebook's own loop.
+
+class _RunHandle:
+    """One run of the check's training loop, as the learner's code holds it: ``train(n)``, ``position``,
+    ``checkpoint()``, ``weights()``, each a question to where the run lives."""
+
+    __slots__ = ("_number",)
+
+    def __init__(self, number: int):
+        self._number = number
+
+    def train(self, microbatches: int) -> None:
+        _ask("train", self._number, microbatches)
+
+    @property
+    def position(self) -> int:
+        return _ask("position", self._number)
+
+    def checkpoint(self) -> bytes:
+        return _ask("checkpoint", self._number)
+
+    def weights(self) -> dict:
+        return _ask("weights", self._number)
+
+    def __getattr__(self, name):
+        raise AttributeError(f"a run offers train(n), position, checkpoint() and weights() only, not {name!r}")
+
+    def __repr__(self) -> str:
+        return "run"
+
+
+class _NewRunHandle:
+    __slots__ = ()
+
+    def __call__(self) -> _RunHandle:
+        return _RunHandle(_ask("new"))
+
+    def __repr__(self) -> str:
+        return "new_run"
+
+
+class _ResumeRunHandle:
+    __slots__ = ()
+
+    def __call__(self, blob: bytes) -> _RunHandle:
+        return _RunHandle(_ask("resume", blob=blob))
+
+    def __repr__(self) -> str:
+        return "resume_run"
+
+
+_RNG_SEEN: dict = {}     # in the fresh process: torch's RNG state as it last travelled
+
+
+def _ask(what: str, number: int | None = None, microbatches=None, blob=None):
+    state = torch.get_rng_state()
+    changed = not ("last" in _RNG_SEEN and torch.equal(state, _RNG_SEEN["last"]))    # (5 KB: sent when changed)
+    reply = fresh_process.ask({"what": what, "run": number, "microbatches": microbatches, "blob": blob,
+                               "rng": state if changed else None})
+    if reply["rng"] is not None:
+        torch.set_rng_state(reply["rng"])
+    _RNG_SEEN["last"] = torch.get_rng_state()
+    return reply["value"]
+
+
+class _Runs:
+    """Where the runs live: the answers to what _ask asks, for one scenario."""
+
+    MAX_RUNS, MAX_MICROBATCHES = 64, 4096
+
+    def __init__(self, seed: int, accum_steps: int, writes: int, how: int):
+        self.new_run, self.resume_run = NewRun(seed, accum_steps, writes), ResumeRun(how)
+        self.runs: list[AccumulationRun] = []
+        self.checkpoints: dict[bytes, bytes] = {}
+        self.rng = torch.get_rng_state()    # the learner process's, as it last travelled
+
+    def answer(self, question: dict) -> dict:
+        if question["rng"] is not None:
+            torch.set_rng_state(question["rng"])
+            self.rng = question["rng"]
+        torch.set_rng_state(self.rng)
+        before = self.rng
+        reply = self._answer(question)
+        self.rng = torch.get_rng_state()
+        return {"value": reply, "rng": None if torch.equal(self.rng, before) else self.rng}
+
+    def _answer(self, question: dict):
+        what = question["what"]
+        if what == "new":
+            value = self._kept(self.new_run())
+        elif what == "resume":
+            blob = question["blob"]
+            if not isinstance(blob, bytes) or blob not in self.checkpoints:
+                raise ValueError("resume_run takes the bytes a run's checkpoint() returned")
+            value = self._kept(self.resume_run(self.checkpoints[blob]))
+        else:
+            run = self.runs[int(question["run"])]
+            if what == "train":
+                n = int(question["microbatches"])
+                if not 0 <= n <= self.MAX_MICROBATCHES:
+                    raise ValueError(f"train(n) takes a number of microbatches from 0 to {self.MAX_MICROBATCHES}")
+                value = run.train(n)
+            elif what == "position":
+                value = run.position
+            elif what == "weights":
+                value = run.weights()
+            elif what == "checkpoint":
+                receipt = os.urandom(16)
+                self.checkpoints[receipt] = run.checkpoint()
+                value = receipt
+            else:
+                raise ValueError(f"no such question: {what!r}")
+        return value
+
+    def _kept(self, run: AccumulationRun) -> int:
+        if len(self.runs) >= self.MAX_RUNS:
+            raise ValueError(f"more than {self.MAX_RUNS} runs")
+        self.runs.append(run)
+        return len(self.runs) - 1
+
+
+def warm_up_fresh_processes() -> None:
+    """In the server of fresh processes (fresh_process._warm): what a learner's check calls first imports
+    (torch.manual_seed imports torch.cuda and the other device modules), imported once there."""
+    torch.manual_seed(torch.initial_seed())
+
+
+def _judged(resume_equivalent, total: int, crash_at: int, atol) -> dict:
+    """In the fresh process: the learner's verdict on handles to the check's runs."""
+    new_run, resume_run = _NewRunHandle(), _ResumeRunHandle()
+    if atol is None:
+        result = resume_equivalent(new_run, resume_run, total, crash_at)
+    else:
+        result = resume_equivalent(new_run, resume_run, total, crash_at, atol=atol)
+    if isinstance(result, (bool, np.bool_)) or (torch.is_tensor(result) and result.numel() == 1):
+        return {"verdict": bool(result)}
+    return {"not_a_verdict": f"{type(result).__name__} {result!r:.80}"}
+
+
+def probe_resume_equivalent(resume_equivalent, seed: int, accum_steps: int, writes: int, how: int, total: int,
+                            crash_at: int, atol=None, timeout: float = 60.0) -> dict:
+    """The learner's resume_equivalent in a fresh process, on handles to runs of the scenario (``writes``,
+    ``how``) that live here: {"verdict": bool}, {"not_a_verdict": what it returned} or {"raised": what it
+    raised, as grading.server.describe_exception gives it}."""
+    task = fresh_process.packed(_judged, resume_equivalent, total, crash_at, atol)
+    runs = _Runs(seed, accum_steps, writes, how)
+    with torch.random.fork_rng(devices=[]):       # this process's RNG stays as it was
+        try:
+            return task.run(timeout=timeout, serve=runs.answer, preload=__name__)
+        except fresh_process.FreshProcessError as exc:
+            return {"raised": exc.described() or {"type": "RuntimeError", "builtin": True, "message": str(exc)}}
+
+
 # ---- the capstone's checks ------------------------------------------------------------------------
-
-def _call(resume_equivalent, policy: str, seed: int, accum_steps: int, total: int, crash_at: int,
-          atol: float | None = None):
-    new_run, resume_run = new_run_factory(seed, accum_steps, policy)
-    shown = f"resume_equivalent(new_run, resume_run, {total}, {crash_at}" + (
-        ")" if atol is None else f", atol={atol!r})")
-    with torch.random.fork_rng(devices=[]), failing_if_raised(shown):   # the learner's global RNG left as it was
-        if atol is None:
-            return resume_equivalent(new_run, resume_run, total, crash_at)
-        return resume_equivalent(new_run, resume_run, total, crash_at, atol=atol)
-
 
 def _verdict(resume_equivalent, policy: str, seed: int, accum_steps: int, total: int, crash_at: int,
              atol: float | None = None) -> bool:
-    result = _call(resume_equivalent, policy, seed, accum_steps, total, crash_at, atol)
-    expect(isinstance(result, (bool, np.bool_)) or (torch.is_tensor(result) and result.numel() == 1),
-           f"resume_equivalent should return True or False, not {type(result).__name__} {result!r:.80}.")
-    return bool(result)
+    writes, resuming = POLICY_PARTS[policy]
+    shown = f"resume_equivalent(new_run, resume_run, {total}, {crash_at}" + (
+        ")" if atol is None else f", atol={atol!r})")
+    seen = observe(probe_resume_equivalent, resume_equivalent, seed, accum_steps, CHECKPOINTING.index(writes),
+                   RESUMING.index(resuming), total, crash_at, atol)
+    if "raised" in seen:
+        if seen["raised"]["type"] == "NotImplementedError":
+            raise NotImplementedError
+        raise AssertionError(f"{shown} raised {fresh_process.raised_text(seen['raised'])}")
+    expect("verdict" in seen, f"resume_equivalent should return True or False, not {seen.get('not_a_verdict')}.")
+    return seen["verdict"]
 
 
 def _catches(resume_equivalent, policy: str, seed: int, accum_steps: int, total: int, crash_at: int,
@@ -369,7 +531,7 @@ def check_resume_equivalent_catches_claimed_microbatches(resume_equivalent, seed
     if crash_at % accum_steps == 0:
         raise ValueError("crash_at must fall inside an update for this check")
     _catches(resume_equivalent, "claims_uncommitted", seed, accum_steps, total, crash_at,
-             f"counts the {crash_at % accum_steps} uncommitted microbatches as consumed without saving "
+             f"counts the {crash_at % accum_steps} uncommitted microbatches as committed without saving "
              f"their gradients")
 
 

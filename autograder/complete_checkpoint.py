@@ -3,11 +3,15 @@
 The notebook provides the training setup (``make_trainer``, ``train_steps``) from
 here, so the checks and the learner run the very same code. A check trains one
 trainer for N steps without a break. Its probes, run where the learner's functions
-live, train another for k steps and save it with the learner's ``save_checkpoint``;
-then, in a forked child process, build a trainer with another seed, move its RNGs
-elsewhere, call the learner's ``load_checkpoint`` and train N - k steps, and report
-what they saw. Every component is compared right after loading and step by step
-afterwards, so a failure names the component that diverged first.
+live, train another for k steps and save it with the learner's ``save_checkpoint`` in a
+forked child (what the save leaves in memory dies with it); then, in a fresh process
+(``autograder.fresh_process``: a new interpreter that never held the saving process's
+memory, given a copy of what the save left in its folder), build a trainer with another
+seed, move its RNGs elsewhere, call the learner's ``load_checkpoint`` and train N - k
+steps, and report what they saw. Every component is compared right after loading and
+step by step afterwards, so a failure names the component that diverged first; where the
+fresh process fails and a save and load in one process succeed, the state went through
+memory or another file, and the message says so.
 """
 
 from __future__ import annotations
@@ -17,11 +21,7 @@ import dataclasses
 import hashlib
 import os
 import random
-import shutil
-import signal
 import tempfile
-import time
-import traceback
 import warnings
 from typing import Callable, Iterator
 
@@ -29,7 +29,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checking import Remembered, expect, graded_check, load_written, observe, silence_this_process
+from . import fresh_process
+from .checking import Remembered, expect, graded_check, load_written, observe
+from .grading.sandbox import learner_exception
+from .fresh_process import copy_regular_files, recording_writes_outside, what_did_not_travel
 from .helpers import watch
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -217,7 +220,33 @@ def scramble_rngs(entropy: int | None = None) -> None:
 
 # ---- a fresh process -------------------------------------------------------------------------
 
-FORK_AVAILABLE = hasattr(os, "fork")  # not on Windows
+def warm_up_fresh_processes() -> None:
+    """In the server of fresh processes (fresh_process._warm): a resume's first steps, imported once there."""
+    with preserved_rngs():
+        train_steps(make_trainer(0), 1)
+
+def _scrambled(task: Callable[[], object], entropy: int | None):
+    scramble_rngs(entropy)
+    return task()
+
+
+def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0, readable=()):
+    """Run ``task()`` in a fresh process (``autograder.fresh_process``) whose RNGs are scrambled; return
+    what it returns, as data.
+
+    The process is a new Python interpreter: it never held this one's memory. ``task`` travels by value,
+    copied now: its code, and the globals and closure variables it uses, as data. It reads no file but
+    those in ``readable``, and writes only a folder of its own. Errors there come back as RuntimeError.
+    Where there is no fork (Windows) it runs here, with the caller's RNGs kept: a weaker test.
+    """
+    if not fresh_process.AVAILABLE:
+        return _run_in_this_process(task)
+    packed = fresh_process.packed(_scrambled, task, None)
+    try:
+        return packed.run(readable=readable, timeout=timeout, preload=__name__)
+    except fresh_process.FreshProcessError as exc:
+        behind = "; ".join(f"{name} ({what})" for name, what in packed.left_out.items())
+        raise RuntimeError(f"{exc}" + (f"; not handed to the fresh process: {behind}" if behind else "")) from None
 
 
 def _run_in_this_process(task: Callable[[], object]):
@@ -232,58 +261,6 @@ def _run_in_this_process(task: Callable[[], object]):
         except Exception as exc:
             raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
 
-def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0):
-    """Run ``task`` in a forked child whose RNGs are scrambled; return what it returns.
-
-    Forked, not spawned: functions defined in a notebook cannot be pickled into a
-    new interpreter, but a fork can call them. The child shares nothing with the
-    parent afterwards: its RNGs are reseeded from the OS, so any state the resume
-    fails to restore shows up as a difference. The result comes back through a file
-    written with torch.save. Errors in the child come back as RuntimeError.
-    """
-    if not FORK_AVAILABLE:
-        return _run_in_this_process(task)
-    folder = tempfile.mkdtemp(prefix="fresh-process-")
-    result_path = os.path.join(folder, "result.pt")
-    pid = os.fork()
-    if pid == 0:  # the child: never return into the caller's code, never write to its outputs
-        code = 1
-        try:
-            silence_this_process()
-            # A child that outlives its parent (say, the kernel was stopped) ends itself all the same.
-            signal.alarm(int(timeout) + 2)
-            torch.set_num_threads(1)
-            scramble_rngs()
-            try:
-                outcome = {"ok": task()}
-            except BaseException as exc:  # reported to the parent, not raised here
-                frames = traceback.extract_tb(exc.__traceback__)
-                outcome = {"error": f"{type(exc).__name__}: {exc}",
-                           "where": frames[-1].name if frames else ""}
-            torch.save(outcome, result_path)
-            code = 0
-        finally:
-            os._exit(code)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise RuntimeError(f"the fresh process did not finish within {timeout:g} s")
-            time.sleep(0.002)
-        if not os.path.exists(result_path):
-            raise RuntimeError("the fresh process died before reporting back")
-        outcome = torch.load(result_path, weights_only=False)  # our own file, written just now
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    if "error" in outcome:
-        raise RuntimeError(outcome["error"] + (f" (in {outcome['where']})" if outcome["where"] else ""))
-    return outcome["ok"]
-
 
 # ---- probes: run where the learner's functions live, return data ------------------------------
 
@@ -293,38 +270,115 @@ def _trainer_parts(trainer: Trainer):
                                            for name in ("model", "optimizer", "scheduler", "scaler", "loader")}}
 
 
-def probe_save(save_checkpoint, path: str, seed: int, k: int, after: int) -> dict:
-    """Train ``k`` steps, save with the learner's save_checkpoint to ``path``, train ``after`` more:
-    the type of what it returned (None for None), the records of those later steps, and what
-    save_checkpoint changed in the trainer's objects (the records are read through them)."""
-    with preserved_rngs():   # the learner's own RNGs stay where they were
-        trainer = make_trainer(seed)
-        train_steps(trainer, k)
-        changed = watch(_trainer_parts(trainer), replaceable=False)
-        returned = save_checkpoint(path, trainer)
-        tampering = changed()
-        return {"returned": None if returned is None else type(returned).__name__,
-                "after_save": train_steps(trainer, after), "tampering": tampering}
+def _save_and_train_on(save_checkpoint, path: str, seed: int, k: int, after: int) -> dict:
+    """In a forked child: train ``k`` steps, save, train ``after`` more (see probe_save)."""
+    trainer = make_trainer(seed)
+    train_steps(trainer, k)
+    changed = watch(_trainer_parts(trainer), replaceable=False)
+    returned = save_checkpoint(path, trainer)
+    tampering = changed()
+    return {"returned": None if returned is None else type(returned).__name__,
+            "after_save": train_steps(trainer, after), "tampering": tampering}
 
 
-def probe_resume(load_checkpoint, path: str, seed: int, steps: int, timeout: float) -> tuple:
-    """In a fresh process, load ``path`` with the learner's load_checkpoint into a trainer built with
-    another seed, and train ``steps`` steps: its snapshot right after loading, the steps' records, and
-    its snapshot after them; and what load_checkpoint changed in the trainer's objects besides their state
-    (those snapshots and records are read through them). Errors there come back as RuntimeError."""
-    def resume():
-        trainer = make_trainer(seed + 1000)
-        # Away from any state of the run, but the same place every time: a resume that fails to restore
-        # an RNG then reads the same on every run, in the judge as in the learner's kernel.
-        scramble_rngs(entropy=seed + 2000)
-        changed = watch(_trainer_parts(trainer))
-        load_checkpoint(path, trainer)
-        tampering = changed()
-        at_load = snapshot(trainer)
-        records = train_steps(trainer, steps)
-        return at_load, records, snapshot(trainer), tampering
+def probe_save(save_checkpoint, path: str, seed: int, k: int, after: int, timeout: float = 20.0) -> dict:
+    """Train ``k`` steps, save with the learner's save_checkpoint to ``path``, train ``after`` more: the type
+    of what it returned (None for None), the records of those later steps, and what save_checkpoint changed
+    in the trainer's objects (the records are read through them); or {"died": why} when the save did not
+    return. The save runs in a forked child, so that what it leaves in this process's memory (a global, a
+    patched function) dies with it: a later resume cannot find it here."""
+    try:
+        return fresh_process.in_a_fork(_save_and_train_on, save_checkpoint, path, seed, k, after, timeout=timeout)
+    except fresh_process.FreshProcessError as exc:
+        return {"raised": exc.described()} if exc.described() else {"died": str(exc)}
 
-    return run_in_fresh_process(resume, timeout)
+
+_FRESH_TRAINER_SEED, _FRESH_ENTROPY = 2 ** 31 - 1, 2 ** 40 + 2026     # no check's seed
+
+
+def _resumed(load_checkpoint, seed: int, steps: int, path: str) -> tuple:
+    """Load ``path`` into a trainer built with another seed, RNGs elsewhere, and train ``steps`` steps: its
+    snapshot right after loading, the steps' records, its snapshot after them, and what load_checkpoint
+    changed in the trainer's objects besides their state (those snapshots and records are read through them)."""
+    # Another seed and RNGs elsewhere, the same for every scenario: nothing in the trainer's weights or in
+    # torch.initial_seed() tells which run was saved (a seed derived from the run's could be inverted and
+    # the run rebuilt instead of loaded). The same place every time: a resume that fails to restore an RNG
+    # then reads the same on every run, in the judge as in the learner's kernel.
+    trainer = make_trainer(_FRESH_TRAINER_SEED)
+    scramble_rngs(entropy=_FRESH_ENTROPY)
+    changed = watch(_trainer_parts(trainer))
+    load_checkpoint(path, trainer)
+    tampering = changed()
+    at_load = snapshot(trainer)
+    records = train_steps(trainer, steps)
+    return at_load, records, snapshot(trainer), tampering
+
+
+def _saved_then_resumed(save_checkpoint, load_checkpoint, seed: int, k: int, steps: int, path: str) -> tuple:
+    """The control, in one forked child: the save, then the resume, in one and the same process."""
+    trainer = make_trainer(seed)
+    train_steps(trainer, k)
+    save_checkpoint(path, trainer)
+    return _resumed(load_checkpoint, seed, steps, path)
+
+
+def _train_and_save(save_checkpoint, path: str, seed: int, k: int) -> list[str]:
+    """In a forked child: train ``k`` steps and save; the files the save opened for writing outside the
+    checkpoint's folder, as (place, name) pairs."""
+    opened = recording_writes_outside(os.path.dirname(path))
+    trainer = make_trainer(seed)
+    train_steps(trainer, k)
+    save_checkpoint(path, trainer)
+    return opened
+
+
+def probe_resume_experiment(save_checkpoint, load_checkpoint, seed: int, k: int, steps: int,
+                            timeout: float = 20.0) -> dict:
+    """Train ``k`` steps and save with the learner's save_checkpoint (in a forked child); copy the file it
+    wrote at `path` to another folder; load it there with the learner's load_checkpoint in a fresh process
+    (see run_in_fresh_process) and train ``steps`` steps. load_checkpoint is packed before the save runs:
+    nothing the save leaves in memory reaches it (nor anything but the folder's files). Returns what each
+    part saw: {"save_died", "listing" (the
+    folder's names when no file is at `path`), "resumed" (_resumed's tuple) or "resume_error", "left_out"
+    (load_checkpoint's globals and closure variables that could not travel), "written_outside" (files the
+    save wrote outside the checkpoint's folder)}."""
+    resume = fresh_process.packed(_resumed, load_checkpoint, seed, steps)
+    seen = {"save_died": None, "save_raised": None, "listing": None, "resumed": None, "resume_error": None,
+            "resume_raised": None,
+            "left_out": resume.left_out, "written_outside": []}
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as elsewhere:
+        # The same name as check_save_checkpoint's: nothing in the path tells the save which check runs it.
+        written = os.path.join(folder, "checkpoint.pt")
+        try:
+            seen["written_outside"] = fresh_process.in_a_fork(_train_and_save, save_checkpoint, written, seed, k,
+                                                              timeout=timeout)
+        except fresh_process.FreshProcessError as exc:
+            seen["save_died"], seen["save_raised"] = str(exc), exc.described()
+            return seen
+        # Only what the save left on disk travels: the folder's files' bytes, not a link.
+        if "checkpoint.pt" not in copy_regular_files(folder, elsewhere):
+            seen["listing"] = sorted(os.listdir(folder))
+            return seen
+        path = os.path.join(elsewhere, "checkpoint.pt")
+        try:
+            seen["resumed"] = resume.run(path, readable=[elsewhere], timeout=timeout, preload=__name__)
+        except fresh_process.FreshProcessError as exc:
+            seen["resume_error"] = str(exc)
+            seen["resume_raised"] = exc.described()
+    return seen
+
+
+def probe_saved_then_resumed(save_checkpoint, load_checkpoint, seed: int, k: int, steps: int,
+                             timeout: float = 20.0):
+    """The control: the save and the resume of probe_resume_experiment in one and the same forked child
+    (_resumed's tuple), or None when that fails too. Where the fresh process's run is wrong and this one is
+    right, the state went through memory or another file."""
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            return fresh_process.in_a_fork(_saved_then_resumed, save_checkpoint, load_checkpoint, seed, k, steps,
+                                           os.path.join(folder, "checkpoint.pt"), timeout=timeout)
+        except fresh_process.FreshProcessError:
+            return None
 
 
 # ---- the resume experiment and its diagnosis -------------------------------------------------
@@ -355,30 +409,51 @@ def run_resume_experiment(save_checkpoint, load_checkpoint, seed: int = 0, k: in
                           timeout: float = 20.0) -> ResumeExperiment:
     """Continuous n steps vs k steps, save, load into a fresh trainer in a fresh process, n - k steps.
 
-    The uninterrupted run is computed here; the learner's save and load run in probes.
+    The uninterrupted run is computed here; the learner's save and load run in a probe.
     """
-    with preserved_rngs(), tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as elsewhere:
+    with preserved_rngs():
         continuous = make_trainer(seed)
         train_steps(continuous, k)
         at_k = snapshot(continuous)
         expected = train_steps(continuous, n - k)
         final = snapshot(continuous)
-
-        # The same name as check_save_checkpoint's: nothing in the path tells the save which check runs it.
-        written = os.path.join(folder, "checkpoint.pt")
-        observe(probe_save, save_checkpoint, written, seed, k, after=0)
-        expect(os.path.isfile(written), f"save_checkpoint(path, trainer) wrote no file at `path` (the folder holds "
-                                        f"{sorted(os.listdir(folder))}): the resume reads that file.")
-        # The resume reads the file from another folder: only what is on disk can get through.
-        path = os.path.join(elsewhere, "checkpoint.pt")
-        os.replace(written, path)
-        try:
-            at_load, resumed, resumed_final, tampering = observe(probe_resume, load_checkpoint, path, seed, n - k,
-                                                                 timeout)
-        except RuntimeError as exc:
-            raise AssertionError(f"Loading the checkpoint into a fresh trainer in a fresh process failed: "
-                                 f"{exc}") from None
+    seen = observe(probe_resume_experiment, save_checkpoint, load_checkpoint, seed, k, n - k, timeout)
+    for raised in (seen["save_raised"], seen["resume_raised"]):
+        if raised and raised["type"] == "NotImplementedError":
+            raise NotImplementedError(raised["message"])     # an exercise not answered yet
+    if seen["save_raised"]:
+        raise learner_exception(seen["save_raised"])
+    if seen["save_died"]:
+        raise AssertionError(f"save_checkpoint, run in a process of its own, did not return: {seen['save_died']}.")
+    expect(seen["listing"] is None, f"save_checkpoint(path, trainer) wrote no file at `path` (the folder holds "
+                                    f"{seen['listing']}): the resume reads that file.")
+    if seen["resume_error"] and "Weights only load failed" in seen["resume_error"]:
+        raise AssertionError(
+            f"In a fresh process, load_checkpoint's torch.load refused the checkpoint ({_refusal(seen['resume_error'])}): "
+            f"its safe default, weights_only=True, unpickles tensors and plain data only, and that process has "
+            f"allowlisted nothing. An add_safe_globals allowlist lives in the process that registered it, not in "
+            f"the file. Store the state as tensors and plain data.")
+    if seen["resume_error"] or seen["resumed"][1] != expected:
+        control = observe(probe_saved_then_resumed, save_checkpoint, load_checkpoint, seed, k, n - k, timeout)
+        if control is not None and control[1] == expected and not control[3]:
+            raise AssertionError(_not_on_disk(seen))
+    if seen["resume_error"]:
+        raise AssertionError(f"Loading the checkpoint into a fresh trainer in a fresh process failed: "
+                             f"{seen['resume_error']}")
+    at_load, resumed, resumed_final, tampering = seen["resumed"]
     return ResumeExperiment(at_k, expected, final, at_load, resumed, resumed_final, k, n, tampering)
+
+
+def _not_on_disk(seen: dict) -> str:
+    """A resume in a fresh process fails, the same save and load in one process give the uninterrupted run."""
+    raised = seen["resume_raised"]
+    did = (f"raised {fresh_process.raised_text(raised)}" if raised else f"failed: {seen['resume_error']}"
+           if seen["resume_error"] else "gave another run than the uninterrupted one")
+    return (f"The checkpoint was not really on disk: in a fresh process, which receives only the file at `path`, "
+            f"load_checkpoint {did}; saved and resumed within one process, the same functions give the "
+            f"uninterrupted run. The state went from the save to the load through memory or another file, not "
+            f"through the checkpoint. {what_did_not_travel(seen, 'save_checkpoint', 'load_checkpoint')}After a "
+            f"crash only the file is left: write everything into it.")
 
 
 def _first_tensor_difference(got, expected, where: str = "") -> str | None:
@@ -493,6 +568,10 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 8) -> None:
 
         path = os.path.join(folder, "checkpoint.pt")
         seen = observe(probe_save, save_checkpoint, path, seed, k, after=3)
+        if "raised" in seen:
+            raise learner_exception(seen["raised"])
+        if "died" in seen:
+            raise AssertionError(f"save_checkpoint, run in a process of its own, did not return: {seen['died']}.")
         expect(seen["returned"] is None, f"save_checkpoint returned a {seen['returned']}; it should write the "
                                          f"checkpoint to `path` and return None.")
         # The check reads the folder and the file itself (in graded mode the folder lies in the sandbox's
@@ -528,8 +607,9 @@ def check_save_checkpoint(save_checkpoint, seed: int = 0, k: int = 8) -> None:
                            f"draw random numbers or touch the loader's iterator.")
 
 
-def _refusal(exc: BaseException) -> str:
-    """What torch.load refused, in one line: the global it met, else the first line of its error."""
+def _refusal(exc) -> str:
+    """What torch.load refused, in one line: the global it met, else the first line of its error (``exc``
+    an exception, or its text)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     for line in lines:
         if "Unsupported global" in line:

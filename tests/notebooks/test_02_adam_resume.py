@@ -131,7 +131,7 @@ def test_a_save_that_ends_its_process_is_reported():
 def test_without_fork_the_round_trip_runs_in_one_process(monkeypatch):
     """Where there is no fork (Windows), the save runs in the checking process: correct formats still pass,
     and a checkpoint that only keeps references still fails (weaker: copies kept in memory would pass)."""
-    monkeypatch.setattr(complete_checkpoint, "FORK_AVAILABLE", False)
+    monkeypatch.setattr(checks.fresh_process, "AVAILABLE", False)
     assert lost_checks("02", impls.CORRECT["save_checkpoint"][0]) == {}
     message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
         impls.resume_full_in_memory, impls.save_in_memory), None)

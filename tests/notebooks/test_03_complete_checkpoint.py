@@ -1,5 +1,6 @@
 """Notebook 03: the complete checkpoint. The checks, driven on right and wrong save/load pairs."""
 
+import os
 import random
 import re
 
@@ -98,7 +99,7 @@ def test_a_hanging_fresh_process_is_stopped_and_reported():
 
 def test_without_fork_the_checks_still_grade(monkeypatch):
     """Windows has no fork: the resume then runs in this process, RNGs scrambled, and is still judged."""
-    monkeypatch.setattr(checks, "FORK_AVAILABLE", False)
+    monkeypatch.setattr(checks.fresh_process, "AVAILABLE", False)
     checks._RECENT_EXPERIMENTS.clear()
     assert failure_of(lambda _: checks.check_load_checkpoint(impls.make_load(), impls.make_save()), None) is None
     message = failure_of(lambda _: checks.check_load_checkpoint_rng(
@@ -150,23 +151,82 @@ def test_the_notebook_shows_no_atomic_save_of_its_own_and_points_to_05():
     assert any("notebook 05's subject" in source for source in sources)
 
 
-def test_the_save_cannot_tell_which_check_calls_it():
+def test_the_save_cannot_tell_which_check_calls_it(tmp_path):
     """The save check and the resume experiments hand save_checkpoint the same file name in a folder of
-    tempfile's making, and the resume reads it under that name too: no path says what is being tested."""
-    seen = []
+    tempfile's making, and the resume reads it under that name too: no path says what is being tested.
+    (The saves run in forked children and the load in a fresh process: they note the paths in a file.)"""
+    log = tmp_path / "paths.txt"
 
     def save(path, trainer):
-        seen.append(path)
+        with open(log, "a") as f:
+            f.write(path + "\n")
         impls.save_complete(path, trainer)
-
-    def load(path, trainer):
-        seen.append(path)
-        impls.load_complete(path, trainer)
 
     assert failure_of(checks.check_save_checkpoint, save) is None
     checks._RECENT_EXPERIMENTS.clear()
-    assert failure_of(lambda _: checks.check_load_checkpoint_rng(load, save), None) is None
+    assert failure_of(lambda _: checks.check_load_checkpoint_rng(impls.load_complete, save), None) is None
     checks._RECENT_EXPERIMENTS.clear()
-    # the load ran in a forked child: only the two saves were recorded here
-    assert len(seen) == 2 and {checks.os.path.basename(p) for p in seen} == {"checkpoint.pt"}
-    assert all(checks.os.path.basename(checks.os.path.dirname(p)).startswith("tmp") for p in seen)
+    paths = log.read_text().split()
+    assert len(paths) == 2 and {checks.os.path.basename(p) for p in paths} == {"checkpoint.pt"}
+    assert all(checks.os.path.basename(checks.os.path.dirname(p)).startswith("tmp") for p in paths)
+
+
+# ---- a fresh process is fresh: it shares no memory and no temp storage with the process that saved -------
+
+def test_a_fresh_process_shares_no_memory_with_the_process_that_packed_its_task():
+    import mmap
+    from autograder import fresh_process
+    kept, shared = {}, mmap.mmap(-1, 16)
+    shared_tensor = torch.zeros(4).share_memory_()
+
+    def read_back():
+        return dict(kept), shared[:1], float(shared_tensor[0])
+
+    task = fresh_process.packed(read_back)
+    assert set(task.left_out) == {"read_back's closure variable shared", "read_back's closure variable shared_tensor"}
+    kept["checkpoint"] = "in memory"           # changed after the task was packed: the copy does not see it
+    shared[:1], shared_tensor[0] = b"x", 1.0
+    with pytest.raises(fresh_process.FreshProcessError, match="NameError|referenced before assignment"):
+        task.run()
+    assert fresh_process.packed(lambda: dict(kept)).run() == {"checkpoint": "in memory"}   # packed now: a copy
+    assert fresh_process.packed(os.getpid).run() != os.getpid()
+
+
+@pytest.mark.skipif(not __import__("autograder.fresh_process").fresh_process.files_are_private(),
+                    reason="needs Landlock (Linux 5.13 or later)")
+def test_a_fresh_process_reads_only_the_files_it_is_given_and_opens_no_socket(tmp_path):
+    from autograder import fresh_process
+    given, other = tmp_path / "given.pt", tmp_path / "other.pt"
+    given.write_bytes(b"checkpoint")
+    other.write_bytes(b"state")
+    stash = f"/dev/shm/h3-test-{os.getpid()}"
+    open(stash, "w").write("state")
+    try:
+        def reads(path):
+            with open(path, "rb") as f:
+                return f.read()
+        assert fresh_process.packed(reads, str(given)).run(readable=[str(given)]) == b"checkpoint"
+        for refused in (str(other), stash):
+            with pytest.raises(fresh_process.FreshProcessError, match="PermissionError"):
+                fresh_process.packed(reads, refused).run(readable=[str(given)])
+
+        def home_and_temp():
+            import tempfile
+            return os.path.expanduser("~"), tempfile.gettempdir(), os.getcwd()
+        home, temp, cwd = fresh_process.packed(home_and_temp).run()
+        assert home == temp == cwd and os.path.basename(home).startswith("fresh-process-")
+
+        def connects():
+            import socket
+            socket.socket(socket.AF_UNIX)
+        with pytest.raises(fresh_process.FreshProcessError, match="PermissionError"):
+            fresh_process.packed(connects).run()
+    finally:
+        os.remove(stash)
+
+
+def test_a_save_in_a_fork_leaves_nothing_in_this_process():
+    from autograder import fresh_process
+    kept = {}
+    assert fresh_process.in_a_fork(lambda: kept.setdefault("state", 1)) == 1
+    assert kept == {}

@@ -218,3 +218,43 @@ def test_nothing_a_save_started_outlives_its_trial(isolation, escape, tmp_path):
         os.close(read_end)
         if write_end is not None:
             os.close(write_end)
+
+
+# ---- a path the learner's code returns is judged as data, never looked up in the grader's folders -----
+
+@pytest.mark.parametrize("answer", [impls.load_latest_returns_the_gradebook, impls.load_latest_returns_the_solutions,
+                                    impls.load_latest_returns_a_course_path], ids=lambda a: a.__name__)
+def test_a_returned_path_is_judged_the_same_whatever_exists_where_the_grader_runs(answer, tmp_path, monkeypatch):
+    """The grader's working folder is the course folder: a relative path resolved there, or an absolute path
+    looked up there, would answer "does this file exist in the course folder" in the feedback."""
+    messages = []
+    for populated in (False, True):
+        course = tmp_path / f"course-{populated}" / "inside"
+        course.mkdir(parents=True)
+        if populated:
+            (course / "gradebook.db").write_text("grades")
+            (course.parent / "solutions").mkdir()
+        monkeypatch.chdir(course)
+        messages.append(failure_of(checks.check_load_latest_checkpoint_newest, answer))
+    assert messages[0] is not None and messages[0] == messages[1]
+
+
+def test_returned_path_looks_at_the_disk_only_inside_the_checks_folder(tmp_path, monkeypatch):
+    from autograder.checking import returned_path
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    expected = str(folder / "step_3.pt")
+    (folder / "step_3.pt").write_bytes(b"x")
+    os.symlink(expected, folder / "latest.pt")
+    looked = []
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: looked.append(os.fspath(p)) or real_stat(p, *a, **k))
+    assert returned_path(expected, expected, str(folder)) == ("same", "step_3.pt")
+    assert returned_path(str(folder / "sub" / ".." / "step_3.pt"), expected, str(folder))[0] == "same"
+    assert returned_path(str(folder / "latest.pt"), expected, str(folder)) == ("same", "latest.pt")
+    assert returned_path("step_3.pt", expected, str(folder)) == ("name", "step_3.pt")
+    assert returned_path("gradebook.db", expected, str(folder)) == ("relative", "gradebook.db")
+    assert returned_path("/etc/passwd", expected, str(folder)) == ("outside", "/etc/passwd")
+    assert returned_path(str(folder) + "-other/step_3.pt", expected, str(folder))[0] == "outside"
+    assert returned_path(42, expected, str(folder)) == ("not a path", "int")
+    assert all(p.startswith(str(folder)) for p in looked), looked
