@@ -249,11 +249,14 @@ def submissions(number: str) -> dict:
 
 
 GRADED = ("01", "05")
-# Gradescope grades every submission; PrairieLearn, whose entry point differs only in its layout and format,
-# grades a passing, a hostile and an ungradable one (each run starts torch, a zygote and a sandbox: ~7 s).
-ON_PRAIRIELEARN = ("honest", "hostile", "not_a_notebook")
+# Gradescope grades every submission of 01 and the right and the trapped answer of 05 (blank and unreadable
+# submissions grade alike in every notebook); PrairieLearn, whose entry point differs only in its layout and
+# format, grades 01's passing, hostile and ungradable ones (each run starts torch, a zygote and a sandbox).
+ON_GRADESCOPE = {"05": ("honest", "trap_no_fsync_latest_by_name")}
+ON_PRAIRIELEARN = {"01": ("honest", "hostile", "not_a_notebook")}
 CASES = [(platform, number, student) for number in GRADED for student in submissions(number) for platform in PLATFORMS
-         if platform == "gradescope" or student in ON_PRAIRIELEARN]
+         if student in {"gradescope": ON_GRADESCOPE, "prairielearn": ON_PRAIRIELEARN}[platform].get(
+             number, () if platform == "prairielearn" else (student,))]
 
 
 def build_nbgrader_course(folder: Path) -> None:
@@ -262,7 +265,8 @@ def build_nbgrader_course(folder: Path) -> None:
     for number in GRADED:
         name = BY_NUMBER[number].folder
         for student, submission in submissions(number).items():
-            submit(course, student, name, submission)
+            if any(case[1:] == (number, student) for case in CASES):
+                submit(course, student, name, submission)
         run = run_nbgrader(course, "autograde", name, "--create")
         assert run.returncode == 0, run.stderr[-3000:]
 
