@@ -137,6 +137,29 @@ class _ServerProcess:
         self._log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
+    def python_stacks(self) -> str:
+        """Every process the server started (a kernel, its DataLoader workers) prints its threads' stacks
+        and ends (faulthandler on SIGABRT: PYTHONFAULTHANDLER is set): what a hang was waiting on."""
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry))
+        found, todo = [], [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            found += children.get(pid, [])
+            todo += children.get(pid, [])
+        for pid in reversed(found):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(3)
+        return self.log_tail(300)
+
     def _signal(self, signum: int) -> None:
         if self.stop_whole_group:
             os.killpg(self.process.pid, signum)
@@ -558,6 +581,7 @@ class Presentation(_ServerProcess):
         env = _own_jupyter_folders(dict(workbook.tool_env()), state, (
             ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_RUNTIME_DIR", "runtime"),
             ("IPYTHONDIR", "ipython")))
+        env["PYTHONFAULTHANDLER"] = "1"        # python_stacks(), should the page never load
         self._start([str(workbook.BIN / "workbook-present"), name, "--no-browser", "--port", str(self.port)],
                     course, env, state / "present.log")
         self._wait_until(self._listens, "workbook-present")
