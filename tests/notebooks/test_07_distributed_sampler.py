@@ -1,6 +1,7 @@
 """Notebook 07: DistributedSampler and world-size changes. The checks, driven on right and wrong
 implementations, the sampler facts the notebook teaches, and the real gloo demo."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -128,14 +129,33 @@ def test_gloo_demo_survives_a_sigkill_and_resumes_on_fewer_ranks_without_replay_
     assert [r.sample for r in second.fetched][:len(expected_suffix)] == expected_suffix
 
 
-def test_the_checkpoint_writer_follows_notebook_05s_recipe():
-    """gloo_demo's checkpoint passes every check of notebook 05's atomic_save: a unique temp name in the same
-    folder, the file and the folder fsynced around the rename, clean-up on failure, a SIGKILL at any moment."""
-    from autograder import atomic_writes
+def test_the_checkpoint_writer_follows_notebook_05s_recipe(tmp_path, monkeypatch):
+    """gloo_demo's checkpoint of an update follows notebook 05's recipe: a unique temp file in the same folder,
+    fsynced before the rename onto the checkpoint, the folder fsynced after it, the temp file removed when
+    the save fails. It writes the job's own checkpoint only, so it is no atomic_save (issue 27)."""
+    import torch
 
-    for name in ("check_atomic_save_crash", "check_atomic_save_temp_location", "check_atomic_save_fsync_file",
-                 "check_atomic_save_fsync_directory", "check_atomic_save_cleanup"):
-        assert failure_of(getattr(atomic_writes, name), gloo_demo._atomic_save) is None, name
+    job = gloo_demo.Job(plan=[[(0, 0)], [(1, 1)]], workdir=str(tmp_path), n=2, seed=0, epoch=0)
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.path.realpath(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (events.append(("replace", str(src), str(dst))),
+                                                         real_replace(src, dst))[1])
+    gloo_demo._commit_update(job, torch.nn.Linear(4, 1), [0.5], 1, 1)
+    (_, synced), (_, temp, target), (_, folder) = events
+    assert synced == temp and os.path.dirname(temp) == str(tmp_path) and temp.endswith(".tmp")
+    assert target == str(job.checkpoint_path) and folder == str(tmp_path)
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]
+    assert torch.load(job.checkpoint_path, weights_only=True)["sampler"]["committed"] == 2
+
+    def failing_save(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError):
+        gloo_demo._commit_update(job, torch.nn.Linear(4, 1), [0.5], 2, 1)
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]
 
 
 def test_what_the_launcher_prints_is_the_same_on_every_run(tmp_path):
