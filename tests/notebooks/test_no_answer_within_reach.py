@@ -7,8 +7,10 @@ every check call (visible and hidden) of that exercise's test cells; none may pa
 learner names a call needs (the resume of a save) are the fixtures' first right answers, so a package
 save that would pair with a right resume counts as an answer too.
 
-The signature filter keeps this fast: most of the package takes other arguments, and a candidate stops
-at its first failed check.
+By default a candidate must also look like the contract (a parameter of the same name, a word of the
+exercise's name in its own); WORKBOOK_FULL_ANSWER_SCAN=1 drops that filter. Each candidate runs in a
+forked child (the package holds machinery that ends or blocks the process it runs in), and first takes
+the call the first check makes of a right answer: most fail there, before any check's set-up.
 """
 
 from __future__ import annotations
