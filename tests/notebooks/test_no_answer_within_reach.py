@@ -30,6 +30,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 import autograder
 from autograder.course import NOTEBOOKS
@@ -218,6 +219,9 @@ def _in_child(work, timeout: float) -> bytes:
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
             _become_subreaper()
+            # A fork of a process whose OpenMP pool has run (an earlier test's training) hangs in its first
+            # parallel region (libgomp is not fork-safe): one thread here, as DataLoader workers do.
+            torch.set_num_threads(1)
             reply = work()
             if os.getpid() == me:        # not a process the work forked, come back here
                 reply = len(reply).to_bytes(8, "big") + reply
