@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -76,8 +77,28 @@ def make_checkpoint(step: int, layers: int = 8, layer_kib: int = 1024, seed: int
     tensor, so the file grows in steps that a crash can land between. Each call
     returns its own copies, so a save that changes what it is given changes nothing else.
     """
-    return {"step": step, "model": {f"layer{i}.weight": t.clone()
+    ckpt = {"step": step, "model": {f"layer{i}.weight": t.clone()
                                     for i, t in enumerate(_checkpoint_tensors(step, layers, layer_kib, seed))}}
+    first = next(iter(ckpt["model"].values()))
+    _DRAWN[id(first)] = (step, layers, layer_kib, seed)
+    weakref.finalize(first, _DRAWN.pop, id(first), None)
+    return ckpt
+
+
+# make_checkpoint's checkpoints -> the numbers that drew them (keyed by their first tensor, which a dict
+# cannot be): what classify is given is told by those, so it compares no other checkpoints than these.
+_DRAWN: dict[int, tuple] = {}
+
+
+def _drawn_of(checkpoint) -> tuple | None:
+    """(step, layers, layer_kib, seed) of a checkpoint make_checkpoint made, given as itself or as those numbers."""
+    if checkpoint is None or isinstance(checkpoint, tuple):
+        return checkpoint
+    first = next(iter(checkpoint.get("model", {}).values()), None) if isinstance(checkpoint, dict) else None
+    drawn = _DRAWN.get(id(first)) if torch.is_tensor(first) else None
+    if drawn is None:
+        raise TypeError("classify tells apart checkpoints that make_checkpoint made, not others")
+    return drawn
 
 
 @functools.lru_cache(maxsize=16)
@@ -88,11 +109,16 @@ def _checkpoint_tensors(step: int, layers: int, layer_kib: int, seed: int) -> tu
     return tuple(torch.randn(numel, generator=g) for _ in range(layers))
 
 
-def same_checkpoint(a, b) -> bool:
-    if not (isinstance(a, dict) and isinstance(b, dict) and a.get("step") == b.get("step")):
+def holds_drawn(loaded, step: int, layers: int = 8, layer_kib: int = 1024, seed: int = 0) -> bool:
+    """Whether ``loaded`` is the checkpoint ``make_checkpoint(step, layers, layer_kib, seed)`` makes: told from
+    the numbers it was drawn from, not from another checkpoint, so it compares nothing a learner holds."""
+    if not (isinstance(loaded, dict) and loaded.get("step") == step and isinstance(loaded.get("model"), dict)):
         return False
-    ma, mb = a.get("model", {}), b.get("model", {})
-    return ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+    drawn = _checkpoint_tensors(step, layers, layer_kib, seed)
+    model = loaded["model"]
+    return list(model) == [f"layer{i}.weight" for i in range(layers)] and all(
+        torch.is_tensor(t) and t.dtype == d.dtype and t.shape == d.shape and bool((t == d).all())
+        for t, d in zip(model.values(), drawn))
 
 
 def _first_sentence(exc: BaseException) -> str:
@@ -101,7 +127,9 @@ def _first_sentence(exc: BaseException) -> str:
 
 
 def classify(path, old, new, known_bytes: dict | None = None) -> tuple[str, str]:
-    """('old' | 'new' | 'unloadable' | 'missing' | 'other', detail) for the file at ``path``.
+    """('old' | 'new' | 'unloadable' | 'missing' | 'other', detail) for the file at ``path``; ``old`` and
+    ``new`` are checkpoints make_checkpoint made, or the arguments (step, layers, layer_kib, seed) that drew
+    them, or None.
 
     ``known_bytes`` ({'old': bytes, 'new': bytes}) is a shortcut: a byte-identical file
     needs no torch.load.
@@ -117,9 +145,10 @@ def classify(path, old, new, known_bytes: dict | None = None) -> tuple[str, str]
         loaded = load_written(path)
     except Exception as exc:
         return "unloadable", _first_sentence(exc)
-    if same_checkpoint(loaded, old):
+    old, new = _drawn_of(old), _drawn_of(new)
+    if old is not None and holds_drawn(loaded, *old):
         return "old", ""
-    if same_checkpoint(loaded, new):
+    if new is not None and holds_drawn(loaded, *new):
         return "new", ""
     return "other", "it loads, but holds neither the old nor the new checkpoint"
 
@@ -129,32 +158,29 @@ def save_directly(obj, path) -> None:
     torch.save(obj, path)
 
 
-def demo_writer(temp_file_and_replace: bool, fsync_file: bool, fsync_directory: bool,
-                pause_at_bytes: int | None = None):
-    """A save with the recipe's steps switched on or off, for notebook 05's live demo. It lives here, off
-    the learner's screen: with every step on, it is most of the exercise's answer.
+def demo_crash(obj, path, kill_at_bytes: int, temp_file_and_replace: bool, fsync_file: bool,
+               fsync_directory: bool) -> str:
+    """Notebook 05's live demo: fork a writer of ``obj`` to ``path`` with the recipe's steps switched on or
+    off, SIGKILL it once ``kill_at_bytes`` of the file are on disk, and say how it ended (run_and_kill).
 
-    With ``pause_at_bytes``, the writer stops once that many bytes of the file are written and waits
-    for the SIGKILL: a small file is written faster than a watcher can react, so without the pause the
-    kill lands wherever the machine's load puts it (often after the last byte) and the demo would not
-    show what its slider says."""
-    def save(obj, path) -> None:
+    The writer stops at exactly that byte and waits for the kill: a small file is written faster than a
+    watcher can react, so without the pause the kill lands wherever the machine's load puts it (often after
+    the last byte) and the demo would not show what its slider says. It never gets past that byte, so it
+    never completes a save: the kill point must fall inside the file, and nothing here is an atomic_save."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    if not 0 < kill_at_bytes < buffer.tell():
+        raise ValueError(f"the kill must land inside the file's {buffer.tell()} bytes, not at {kill_at_bytes}")
+
+    def killed_write(obj, path) -> None:
         target = path + TEMP_SUFFIX if temp_file_and_replace else path
-        opener = open if pause_at_bytes is None else functools.partial(_PausingFile, pause_at=pause_at_bytes)
-        with opener(target, "wb") as f:
-            torch.save(obj, f)
+        with _PausingFile(target, "wb", pause_at=kill_at_bytes) as f:
+            torch.save(obj, f)                # pauses inside, until the SIGKILL
             if fsync_file:
-                f.flush()
                 os.fsync(f.fileno())
-        if temp_file_and_replace:
-            os.replace(target, path)
-        if fsync_directory:
-            folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-    return save
+        raise RuntimeError("the demo's writer was not killed")   # what the steps after would do is never reached
+
+    return run_and_kill(killed_write, obj, path, kill_at_bytes=kill_at_bytes)
 
 
 class _PausingFile(io.FileIO):
@@ -536,7 +562,7 @@ def crash_trials(save, trials: int = 10, seed: int = 0, layers: int = 8, workdir
         endings = observe(probe_killed_saves, save, new, kills, os.path.join(known_folder, "old.pt"))
         records = []
         for i, ((path, _), fraction, ended) in enumerate(zip(kills, fractions, endings)):
-            outcome, detail = classify(path, old, new, known)
+            outcome, detail = classify(path, (1, layers, 1024, seed), (2, layers, 1024, seed), known)
             leftovers = sorted(n for n in os.listdir(os.path.dirname(path)) if n != CHECKPOINT_NAME)
             records.append({"fraction": fraction, "ended": ended, "outcome": outcome, "detail": detail,
                             "leftovers": leftovers})
@@ -701,7 +727,7 @@ def _watched_save(atomic_save, seed: int, layers: int):
         torch.save(make_checkpoint(1, layers, seed=seed), path)
         new = make_checkpoint(2, layers, seed=seed)
         events = _call_save(atomic_save, new, path)
-        outcome, detail = classify(path, None, new)
+        outcome, detail = classify(path, None, (2, layers, 1024, seed))
         expect(outcome == "new", f"After atomic_save(obj, path) returned, path did not hold obj ({outcome}"
                                  f"{': ' + detail if detail else ''}).")
         yield directory, path, events
@@ -778,7 +804,7 @@ def check_atomic_save_crash(atomic_save, seed: int = 0, trials: int = 6, layers:
         path = os.path.join(directory, CHECKPOINT_NAME)
         new = make_checkpoint(2, 2, seed=seed)
         _call_save(atomic_save, new, path)
-        outcome, detail = classify(path, None, new)
+        outcome, detail = classify(path, None, (2, 2, 1024, seed))
         expect(outcome == "new", f"atomic_save(obj, path) ran without a crash, but path then held "
                                  f"{'nothing' if outcome == 'missing' else 'something else'} ({detail}).")
     # Then over an old checkpoint, watched: what path holds after each file operation (a crash can come
@@ -893,11 +919,11 @@ def check_atomic_save_cleanup(atomic_save, seed: int = 0, layers: int = 2) -> No
         path = os.path.join(directory, CHECKPOINT_NAME)
         old = make_checkpoint(1, layers, seed=seed)
         _call_save(atomic_save, old, path)  # an ordinary save first: doing nothing must not pass
-        outcome, detail = classify(path, old, None)
+        outcome, detail = classify(path, (1, layers, 1024, seed), None)
         expect(outcome == "old", f"atomic_save(obj, path) returned, but path did not hold obj ({outcome}"
                                  f"{': ' + detail if detail else ''}).")
         raised = observe(probe_failing_save, atomic_save, make_checkpoint(2, layers, seed=seed), path)
-        outcome, detail = classify(path, old, None)
+        outcome, detail = classify(path, (1, layers, 1024, seed), None)
         expect(outcome == "old",
                f"After torch.save failed inside atomic_save, path was {outcome} ({detail or 'it changed'}): the "
                f"old checkpoint must stay untouched until the new one is complete.")
@@ -922,7 +948,7 @@ def _write_checkpoints(directory: str, steps: list[int], seed: int, start_time: 
         ckpt = make_checkpoint(step, layers=2, layer_kib=4, seed=seed)
         torch.save(ckpt, path)
         os.utime(path, (start_time + 60 * order, start_time + 60 * order))
-        written[path] = ckpt
+        written[path] = (step, 2, 4, seed)
     return written
 
 
@@ -945,7 +971,7 @@ def _call_loader(load_latest_checkpoint, directory, hint: str = ""):
     return result, [str(w.message) for w in caught]
 
 
-def _expect_result(result, expected_path, expected_obj, situation: str) -> None:
+def _expect_result(result, expected_path, expected_drawn: tuple, situation: str) -> None:
     expect(isinstance(result, tuple) and len(result) == 2,
            f"{situation}: load_latest_checkpoint should return a (path, checkpoint) tuple, but it returned "
            f"{type(result).__name__}{'' if result is not None else ' (None)'}.")
@@ -963,7 +989,7 @@ def _expect_result(result, expected_path, expected_obj, situation: str) -> None:
                                  f"The checkpoint to load is a file in `directory`: return its path there.")
     expect(verdict == "same", f"{situation}: it returned {shown!r}, but the loadable checkpoint of the latest "
                               f"step is {os.path.basename(expected_path)!r}.")
-    expect(same_checkpoint(obj, expected_obj),
+    expect(holds_drawn(obj, *expected_drawn),
            f"{situation}: the returned checkpoint is not what {os.path.basename(expected_path)!r} holds.")
 
 

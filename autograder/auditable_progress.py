@@ -22,7 +22,7 @@ import torch
 
 from .checking import expect, failing_if_raised, graded_check
 from .data_ledger import reference_audit
-from .distributed_sampler import interleave, sampler_order, sampler_shards
+from .distributed_sampler import interleave, sampler_shards
 from .token_streams import (budget_batches, chunked_batches, doc_starts, document_lengths, packed_batches,
                             trained_spans, valid_tokens, window_digest)
 
@@ -121,7 +121,7 @@ def check_token_cursor_resume(token_cursor, seed: int = 0) -> None:
         earlier = [range(0, doc_starts(lengths)[first[0]] + first[1])]     # what the job before this one committed
         before = earlier + trained_spans(lengths, batches[:committed])
         after = trained_spans(lengths, _rebuilt(lengths, rebuild, (doc, offset)))
-        found = reference_audit([range(0, sum(lengths))], before + after)
+        found = reference_audit(expected=[range(0, sum(lengths))], trained=before + after)
         replayed, omitted = sum(map(len, found["replayed"])), sum(map(len, found["omitted"]))
         if not replayed and not omitted:
             continue
@@ -304,7 +304,7 @@ class _Run:
         self.version = f"docs-v{self.number}"
 
     def order(self, epoch: int | None = None) -> list[int]:
-        return sampler_order(self.n, self.seed, self.epoch if epoch is None else epoch, self.world)
+        return interleave(sampler_shards(self.n, self.seed, self.epoch if epoch is None else epoch, self.world))
 
     def manifest(self, updates: int | None = None, generation: int | None = None, epoch: int | None = None) -> dict:
         """The manifest saved with the checkpoint (or, given other values, the one saved with another)."""
@@ -317,7 +317,7 @@ class _Run:
                 "sampler": {"algorithm": "DistributedSampler", "shuffle": True, "seed": self.seed, "drop_last": False},
                 "epoch": epoch, "global_cursor": cursor, "world_size": self.world, "micro_batch": self.micro,
                 "accum_steps": self.accum, "global_batch": self.global_batch, "generation": generation,
-                "torch": "2.13.0", "next_digest": window_digest(window), "next_sample": window[:8]}
+                "torch": "2.13.0", "next_digest": window_digest(ids=window), "next_sample": window[:8]}
 
     def checkpoint(self) -> dict:
         return {"generation": self.generation, "epoch": self.epoch, "global_cursor": self.cursor}

@@ -50,23 +50,9 @@ def interleave(shards: list[list[int]]) -> list[int]:
     return [shard[i] for i in range(longest) for shard in shards if i < len(shard)]
 
 
-def sampler_order(n: int, seed: int, epoch: int, world_size: int, shuffle: bool = True,
-                  drop_last: bool = False) -> list[int]:
-    """The real DistributedSampler's global order for one epoch, padding included."""
-    return interleave(sampler_shards(n, seed, epoch, world_size, shuffle, drop_last))
-
-
 def sampler_total_size(n: int, world_size: int, drop_last: bool) -> int:
     """How many positions the sampler schedules in one epoch: its len() per rank times the ranks."""
     return len(DistributedSampler(range(n), num_replicas=world_size, rank=0, drop_last=drop_last)) * world_size
-
-
-def remaining_positions(n: int, seed: int, epoch: int, old_world_size: int, committed: int,
-                        drop_last: bool = False) -> list[int]:
-    """Dataset indices of the epoch's real (non-padding) positions after the committed cursor."""
-    order = sampler_order(n, seed, epoch, old_world_size, drop_last=drop_last)
-    real_end = min(n, len(order))  # padding positions (>= n) belong to the old partition only
-    return order[committed:real_end]
 
 
 # ---- reading the learner's answers --------------------------------------------------------
@@ -114,7 +100,7 @@ def check_epoch_order_permutation(epoch_order, seed: int = 0) -> None:
     for n, world_size in ((12, 3), (16, 4), (10, 5), (7, 1), (24, 8), (20, 2)):
         for shuffle in (True, False):
             run_seed = seed + n
-            expected = sampler_order(n, run_seed, 0, world_size, shuffle=shuffle)
+            expected = interleave(sampler_shards(n, run_seed, 0, world_size, shuffle=shuffle))
             got = _order(epoch_order, n, run_seed, 0, world_size, shuffle=shuffle)
             if got == expected:
                 continue
@@ -234,11 +220,12 @@ class _Resume:
         self.s = {**scenario, "drop_last": scenario.get("drop_last", False)}
         self.new_world_size = self.s["new_world_size"]
         self.drop_last = self.s["drop_last"]
-        old_order = sampler_order(self.s["n"], self.s["seed"], self.s["epoch"], self.s["old_world_size"],
-                                  drop_last=self.drop_last)
+        old_order = interleave(sampler_shards(self.s["n"], self.s["seed"], self.s["epoch"], self.s["old_world_size"],
+                                              drop_last=self.drop_last))
         self.committed_indices = set(old_order[:self.s["committed"]])
-        self.remaining = remaining_positions(self.s["n"], self.s["seed"], self.s["epoch"],
-                                             self.s["old_world_size"], self.s["committed"], self.drop_last)
+        # The epoch's real (non-padding) positions after the committed cursor: padding positions (>= n)
+        # belong to the old partition only.
+        self.remaining = old_order[self.s["committed"]:min(self.s["n"], len(old_order))]
         # drop_last=True may trim fewer than new_world_size positions, from the tail only.
         may_trim = self.new_world_size - 1 if self.drop_last else 0
         self.must_train = self.remaining[:max(0, len(self.remaining) - may_trim)]

@@ -122,16 +122,25 @@ def _model() -> nn.Module:
     return nn.Linear(4, 1)
 
 
-def _atomic_save(obj, path: Path | str) -> None:
-    """Notebook 05's recipe: a crash at any moment leaves ``path`` old or new, never half-written, and once
-    this returns the new file and its name are on the disk (so the update it records counts as committed).
-    A temp file of its own in the same folder, fsynced before the rename; the folder fsynced after it; the
-    temp file removed if anything fails on the way."""
-    path = Path(path)
+def _commit_update(job, model: nn.Module, history: list, updates: int, done: int) -> None:
+    """Rank 0's checkpoint of an update, written with notebook 05's recipe: a crash at any moment leaves the
+    job's checkpoint old or new, never half-written, and once this returns the new file and its name are on
+    the disk (so the update it records counts as committed). A temp file of its own in the same folder,
+    fsynced before the rename; the folder fsynced after it; the temp file removed if anything fails on the
+    way. It writes this job's checkpoint only (built here from the job's state), not any object."""
+    path = Path(job.checkpoint_path)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            torch.save({
+                "model": model.state_dict(),
+                "loss_history": history,
+                "updates": updates,
+                # The data position, in units that survive a change of world size, and what it indexes.
+                "sampler": {"n": job.n, "seed": job.seed, "epoch": job.epoch, "drop_last": False,
+                            "world_size": job.world_size, "committed": job.start_cursor + job.world_size * done},
+                "dataset_version": job.dataset_version,
+            }, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
@@ -202,15 +211,7 @@ def _worker(rank: int, job: Job) -> None:
             dist.all_reduce(mean_loss)
             history.append(mean_loss.item() / job.world_size)
             if rank == 0:
-                _atomic_save({
-                    "model": model.state_dict(),
-                    "loss_history": history,
-                    "updates": first_update + u + 1,
-                    # The data position, in units that survive a change of world size, and what it indexes.
-                    "sampler": {"n": job.n, "seed": job.seed, "epoch": job.epoch, "drop_last": False,
-                                "world_size": job.world_size, "committed": job.start_cursor + job.world_size * done},
-                    "dataset_version": job.dataset_version,
-                }, job.checkpoint_path)
+                _commit_update(job, model, history, first_update + u + 1, done)
             dist.barrier()  # the update counts as committed once its checkpoint is on disk
             audit_log.write(f"commit {first_update + u}\n")
             audit_log.flush()

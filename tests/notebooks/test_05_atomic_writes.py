@@ -150,9 +150,9 @@ def test_each_checkpoint_made_is_its_own_copy():
     first["model"]["layer0.weight"].zero_()
     second = checks.make_checkpoint(2, layers=2, layer_kib=4, seed=9)
     assert second["model"]["layer0.weight"].abs().sum() > 0
-    assert not checks.same_checkpoint(first, second)
-    assert checks.same_checkpoint(second, checks.make_checkpoint(2, layers=2, layer_kib=4, seed=9))
-    assert not checks.same_checkpoint(second, checks.make_checkpoint(3, layers=2, layer_kib=4, seed=9))
+    assert not checks.holds_drawn(first, 2, layers=2, layer_kib=4, seed=9)
+    assert checks.holds_drawn(second, 2, layers=2, layer_kib=4, seed=9)
+    assert not checks.holds_drawn(second, 3, layers=2, layer_kib=4, seed=9)
 
 
 # ---- crash trials end every process a save starts ----------------------------------------------

@@ -27,7 +27,7 @@ def test_worked_example_numbers():
 @pytest.mark.parametrize("seed", range(30))
 def test_reference_audit_agrees_with_the_solution_on_random_runs(seed):
     expected, trained = checks._random_scenario(random.Random(seed), per_update=16)
-    assert impls.audit(expected, trained) == checks.reference_audit(expected, trained)
+    assert impls.audit(expected, trained) == checks.reference_audit(expected=expected, trained=trained)
 
 
 def test_resume_at_fetched_count_is_named_with_the_48_skipped_positions():
@@ -173,7 +173,7 @@ def test_worker_timing_reorders_the_same_samples_only_with_in_order_false():
     assert sorted(order_a) == sorted(order_b) == list(range(16)) and order_a != order_b
     assert not torch.equal(weights_a, weights_b)
     for order in (order_a, order_b):
-        assert checks.reference_audit([range(0, 16)], [range(i, i + 1) for i in order]) == \
+        assert checks.reference_audit(expected=[range(0, 16)], trained=[range(i, i + 1) for i in order]) == \
             {"replayed": [], "omitted": []}
     (in_order_a, in_weights_a), (in_order_b, in_weights_b) = _one_epoch(0, True), _one_epoch(1, True)
     assert in_order_a == in_order_b and torch.equal(in_weights_a, in_weights_b)
