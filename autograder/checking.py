@@ -236,8 +236,12 @@ def failing_if_raised(call: str):
 
 def silence_this_process() -> None:
     """In a forked child: its output goes nowhere. It shares the parent's stdout and stderr (a notebook's
-    kernel pipes, too), and nbgrader scores any stderr in a test cell as zero."""
+    kernel pipes, too), and nbgrader scores any stderr in a test cell as zero. Nothing it logs is handled
+    either: a handler's stream may be locked by a thread of the parent that was writing when the fork came
+    (torch.distributed.checkpoint logs from an async save's thread), and the child would wait for it forever."""
+    import logging
     import sys
+    logging.disable(logging.CRITICAL)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
