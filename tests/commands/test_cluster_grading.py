@@ -80,7 +80,11 @@ def _other_course(folder: Path) -> Path:
 
 class WorkerKiller(threading.Thread):
     """Watches what the workers are judging and SIGKILLs a worker while it judges a victim (the nanny
-    starts another), as a submission that crashes its worker would."""
+    starts another), as a submission that crashes its worker would.
+
+    It asks only the workers it has not killed: the scheduler may still list one just killed, and a
+    message to it waits out Dask's 30 s connect timeout, long enough for the next attempt at a victim
+    to finish unseen (seen once as an ordinary user: the poison tried once, then graded)."""
 
     def __init__(self, address: str, victims: dict[str, int]):
         super().__init__(daemon=True)
@@ -90,11 +94,13 @@ class WorkerKiller(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
+        dead = set()
         while not self.done.is_set():
             try:
+                alive = [w for w in self.client.scheduler_info(n_workers=-1)["workers"] if w not in dead]
                 # What each worker is running now (not what is queued on it): a lambda travels by value.
                 running = self.client.run(lambda dask_worker: [str(ts.key) for ts in dask_worker.state.executing],
-                                          on_error="ignore")
+                                          workers=alive, on_error="ignore") if alive else {}
                 for worker, keys in running.items():
                     for key in keys:
                         self.seen.add(worker)
@@ -102,6 +108,7 @@ class WorkerKiller(threading.Thread):
                         if victim:
                             pid = self.client.run(os.getpid, workers=[worker])[worker]
                             os.kill(pid, signal.SIGKILL)
+                            dead.add(worker)
                             self.victims[victim] -= 1
                             self.killed.append((victim, worker))
             except Exception:      # a worker that just died: look again
