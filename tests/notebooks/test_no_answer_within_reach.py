@@ -285,6 +285,9 @@ def test_no_callable_of_the_package_answers_the_exercise(key, exercise):
     right = _first_right(key, exercise)
     arity, as_class = _required_positional(right), inspect.isclass(right)
     _first_call(key, exercise)       # recorded here, once, not in each child
+    # The control: tried the same way, within the same time, a right answer answers. Otherwise a harness that
+    # cannot see an answer here (a child that hangs, a check too slow for the timeout) passes every candidate.
+    assert _answers_apart(key, exercise, right), f"{key} {exercise}: the search does not see even a right answer"
     tried = [c for c in CANDIDATES if _takes(c, arity, as_class) and _looks_like(c, right, exercise)]
     answering = [f"{getattr(c, '__module__', '?')}.{getattr(c, '__qualname__', c)}"
                  for c in tried if _answers_apart(key, exercise, c)]
@@ -298,7 +301,7 @@ def test_the_search_sees_the_package():
     assert len(CANDIDATES) > 200
 
 
-def test_the_search_finds_an_answer_where_there_is_one():
-    """The harness itself: a right answer, tried as a candidate is, answers its exercise."""
-    assert _answers_apart("06", "samples_per_update", _first_right("06", "samples_per_update"))
+def test_the_search_tells_an_answer_from_another_exercises():
+    """The harness itself (each exercise's test tries its right answer first): the right answer to another
+    exercise, tried as a candidate is, answers nothing here."""
     assert not _answers_apart("06", "samples_per_update", _first_right("06", "window_digest"))
