@@ -5,7 +5,7 @@ here, so the checks and the learner run the very same code. A check trains one
 trainer for N steps without a break. Its probes, run where the learner's functions
 live, train another for k steps and save it with the learner's ``save_checkpoint`` in a
 forked child (what the save leaves in memory dies with it); then, in a fresh process
-(``autograder.fresh_process``: a new interpreter that never held the saving process's
+(``autograder.engine.fresh_process``: a new interpreter that never held the saving process's
 memory, given a copy of what the save left in its folder), build a trainer with another
 seed, move its RNGs elsewhere, call the learner's ``load_checkpoint`` and train N - k
 steps, and report what they saw. Every component is compared right after loading and
@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import fresh_process
+from .engine import fresh_process
 from .checking import Remembered, expect, graded_check, load_written, observe
 from .grading.sandbox import learner_exception
-from .fresh_process import copy_regular_files, recording_writes_outside, what_did_not_travel
+from .engine.fresh_process import copy_regular_files, recording_writes_outside, what_did_not_travel
 from .helpers import watch
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -231,7 +231,7 @@ def _scrambled(task: Callable[[], object], entropy: int | None):
 
 
 def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0, readable=()):
-    """Run ``task()`` in a fresh process (``autograder.fresh_process``) whose RNGs are scrambled; return
+    """Run ``task()`` in a fresh process (``autograder.engine.fresh_process``) whose RNGs are scrambled; return
     what it returns, as data.
 
     The process is a new Python interpreter: it never held this one's memory. ``task`` travels by value,
