@@ -7,7 +7,7 @@ NumPy Adam to copy from. Textbook Adam (m-hat / v-hat) and PyTorch's rearranged
 form round differently, so single steps are compared within a few ulps; a
 resume is compared bitwise against the uninterrupted run, because both go
 through the very same arithmetic. The learner's saves run in forked children and
-the resumes in a fresh process (``autograder.fresh_process``), so only the file
+the resumes in a fresh process (``autograder.engine.fresh_process``), so only the file
 connects them.
 """
 
@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 import torch
 
-from . import fresh_process
+from .engine import fresh_process
 from .checking import expect, graded_check, observe, type_name
 from .grading.sandbox import learner_exception
 from .grading.server import describe_exception
@@ -409,7 +409,7 @@ def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, s
                             timeout: float = 20.0) -> dict:
     """Save ``w`` and ``state`` to ``path`` with the learner's code in a forked child, copy the file to
     another folder under the same name, and resume from the copy with the learner's code in a fresh process
-    (autograder.fresh_process): a new interpreter that never held this one's memory, reading no file but
+    (autograder.engine.fresh_process): a new interpreter that never held this one's memory, reading no file but
     the copy. ``resume`` is packed before the save runs, so nothing the save leaves in memory reaches it.
 
     Returns {"resumed": what the resume returned (data), "raised": what it raised (see

@@ -37,29 +37,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import io
 import os
 import shutil
-import signal
-import stat
-import sys
 import tempfile
-import time
 import warnings
 import weakref
 from pathlib import Path
 
 import torch
 
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None
-
-from .checking import expect, graded_check, load_written, observe, returned_path, silence_this_process
+from .checking import expect, graded_check, load_written, observe, returned_path
 from .helpers import changed_global_rngs, describe_rng_change, recording_global_rngs
-from .grading.confine import CLONE_NEWPID, CLONE_NEWUSER, PR_SET_PDEATHSIG, exit_code, map_ids_to_self
+from .demos.crash_demo import demo_crash, save_directly  # noqa: F401  (the notebook imports them from here)
+from .engine.crash_trials import CrashTrials, run_and_kill  # noqa: F401  (run_and_kill: the notebook's too)
+from .engine.file_operations import content_digest, recorded_file_operations
 
 CHECKPOINT_SUFFIX = ".pt"
 TEMP_SUFFIX = ".tmp"
@@ -153,55 +144,6 @@ def classify(path, old, new, known_bytes: dict | None = None) -> tuple[str, str]
     return "other", "it loads, but holds neither the old nor the new checkpoint"
 
 
-def save_directly(obj, path) -> None:
-    """The trap: torch.save straight onto the final name."""
-    torch.save(obj, path)
-
-
-def demo_crash(obj, path, kill_at_bytes: int, temp_file_and_replace: bool, fsync_file: bool,
-               fsync_directory: bool) -> str:
-    """Notebook 05's live demo: fork a writer of ``obj`` to ``path`` with the recipe's steps switched on or
-    off, SIGKILL it once ``kill_at_bytes`` of the file are on disk, and say how it ended (run_and_kill).
-
-    The writer stops at exactly that byte and waits for the kill: a small file is written faster than a
-    watcher can react, so without the pause the kill lands wherever the machine's load puts it (often after
-    the last byte) and the demo would not show what its slider says. It never gets past that byte, so it
-    never completes a save: the kill point must fall inside the file, and nothing here is an atomic_save."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    if not 0 < kill_at_bytes < buffer.tell():
-        raise ValueError(f"the kill must land inside the file's {buffer.tell()} bytes, not at {kill_at_bytes}")
-
-    def killed_write(obj, path) -> None:
-        target = path + TEMP_SUFFIX if temp_file_and_replace else path
-        with _PausingFile(target, "wb", pause_at=kill_at_bytes) as f:
-            torch.save(obj, f)                # pauses inside, until the SIGKILL
-            if fsync_file:
-                os.fsync(f.fileno())
-        raise RuntimeError("the demo's writer was not killed")   # what the steps after would do is never reached
-
-    return run_and_kill(killed_write, obj, path, kill_at_bytes=kill_at_bytes)
-
-
-class _PausingFile(io.FileIO):
-    """A file that, once ``pause_at`` bytes are written, puts exactly those on disk and waits to be killed."""
-
-    def __init__(self, path, mode, pause_at: int):
-        super().__init__(path, mode)
-        self.pause_at, self.written = pause_at, 0
-
-    def write(self, data) -> int:
-        data = memoryview(data).cast("B")
-        room = self.pause_at - self.written
-        if len(data) < room:
-            self.written += len(data)
-            return super().write(data)
-        super().write(data[:room])
-        self.written = self.pause_at
-        while True:  # the watcher sees the bytes and sends SIGKILL; a watcher that never does ends the trial
-            time.sleep(1)
-
-
 # ---------------------------------------------------------------------------------------------
 # Where every call of atomic_save writes: alike for every check
 
@@ -229,295 +171,12 @@ def _tempfile_folder_of(path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Crash trials: a forked writer saves, the parent SIGKILLs it (and all it started) part-way through the write
+# Crash trials (engine/crash_trials.py): a forked writer saves, SIGKILLed (with all it started) part-way through
 
-def _bytes_written(directory: str, before: dict) -> int:
-    """Largest size among files in ``directory`` that are new or changed since ``before``."""
-    largest = 0
-    try:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # renamed or removed while we looked
-                if before.get(entry.name) != (st.st_ino, st.st_size):
-                    largest = max(largest, st.st_size)
-    except FileNotFoundError:
-        pass
-    return largest
-
-
-def _snapshot(directory: str) -> dict:
-    return {e.name: (e.stat().st_ino, e.stat().st_size) for e in os.scandir(directory)}
-
-
-def _child_saves(save, obj, path) -> None:
-    """Runs in the trial's writer: save, then leave at once without any cleanup of the parent's state."""
-    code = 1
-    try:
-        silence_this_process()
-        with _tempfile_folder_of(path):
-            save(obj, path)
-        code = 0
-    except BaseException:
-        pass
-    finally:
-        os._exit(code)
-
-
-# Every process a trial's save starts must end with the trial: a writer that forks (and lets a grandchild go
-# on writing the final name after the SIGKILL, or after atomic_save returned) would otherwise finish its
-# file before the check reads it. So the writers run in a PID namespace of their own, made by a trial leader
-# (forked once for all the trials of a call) whose first child is the namespace's PID 1: no process leaves
-# its PID namespace, and on SIGUSR1 that init SIGKILLs every process in it with a single kill(-1), then
-# waits until all of them are gone. A trial's writer is the leader's next child, PID 2 or later: an ordinary
-# process (PID 1 ignores the signals it has no handler for) and the leader of a process group. A kill is
-# SIGKILL to that group and SIGUSR1 to the init at the same moment: not SIGKILL to the init, which would
-# take the others only once its own memory had been torn down, milliseconds in which they went on writing.
-# Where no PID namespace can be made (macOS; kernels or distributions without unprivileged user namespaces)
-# only the writer's process group is killed, and waited for until /proc shows none of it running. That
-# fallback is weaker: a process that calls setsid() or setpgid() leaves the group, and escapes.
-# What the trial leader tries, in order: a PID namespace alone (where it is privileged in its user
-# namespace, as in the sandbox), else with a user namespace of its own. Empty: the process-group fallback.
-PID_NAMESPACE_FLAGS = (CLONE_NEWPID, CLONE_NEWUSER | CLONE_NEWPID)
-
-
-def _own_pid_namespace():
-    """Make this (single-threaded, freshly forked) process's children members of a new PID namespace, the
-    first of them its PID 1. With a new user namespace too, it maps this user to itself.
-
-    Returns libc (through ctypes) when it worked, else None."""
-    if not sys.platform.startswith("linux") or not PID_NAMESPACE_FLAGS:
-        return None
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-    except (ImportError, OSError):
-        return None
-    uid, gid = os.getuid(), os.getgid()
-    for flags in PID_NAMESPACE_FLAGS:
-        if libc.unshare(flags) == 0:
-            break
-    else:
-        return None
-    if flags & CLONE_NEWUSER:
-        with contextlib.suppress(OSError):  # best effort: unmapped, the writer still acts as this user, as nobody
-            map_ids_to_self(uid, gid)
-    return libc
-
-
-def _namespace_init(libc, done: int) -> None:
-    """PID 1 of the trials' PID namespace. At each SIGUSR1: SIGKILL every other process in the namespace,
-    reap the orphans among them, and write one byte to ``done`` once none is left, zombies included.
-    No process in the namespace can signal it; it dies with the trial leader."""
-    try:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        while True:
-            signal.sigwait({signal.SIGUSR1})  # blocked since before this process existed: none is lost
-            deadline = time.monotonic() + 10.0
-            while time.monotonic() < deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(-1, signal.SIGKILL)  # every process of the namespace but this one, in one call
-                with contextlib.suppress(ChildProcessError):
-                    while os.waitpid(-1, os.WNOHANG)[0]:
-                        pass
-                try:
-                    os.kill(-1, 0)  # ProcessLookupError: no process is left (the leader reaps its writers)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.0002)
-            os.write(done, b".")
-    except BaseException:
-        pass
-    finally:
-        os._exit(0)
-
-
-def _group_alive(group: int) -> bool:
-    """Whether a process of ``group`` is still running (zombies, which can write nothing, do not count)."""
-    try:
-        proc_is_ours = os.readlink("/proc/self") == str(os.getpid())
-    except OSError:
-        proc_is_ours = False
-    if not proc_is_ours:  # no /proc, or one of another PID namespace: ask the kernel
-        try:
-            os.killpg(group, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone while we looked
-        if int(fields[2]) == group and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
-
-
-def _end_group(group: int) -> None:
-    """The fallback's end of a trial: SIGKILL the writer's process group until none of it is running."""
-    deadline = time.monotonic() + 10.0
-    while True:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGKILL)  # again each round: a process forked while the last one went round
-        if not _group_alive(group) or time.monotonic() > deadline:
-            return
-        time.sleep(0.0002)
-
-
-def _trial_leader(save, obj, paths: list, commands: int, events: int, done: int) -> None:
-    """The trial leader: runs the writer of trial i, ``save(obj, paths[i])``, for each index i read from
-    ``commands``, and reports on ``events``: "ready INIT" once (INIT 0 without a PID namespace), then
-    "started WRITER" and "exited CODE" for each trial, the latter once its writer has been reaped (and,
-    without a namespace, its process group is gone)."""
-    code = 1
-    try:
-        libc = _own_pid_namespace()
-        init = 0
-        if libc is not None:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-            init = os.fork()
-            if init == 0:
-                os.close(commands)
-                os.close(events)
-                _namespace_init(libc, done)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-        os.close(done)
-        os.write(events, f"ready {init}\n".encode())
-        with os.fdopen(commands, "rb") as requests:
-            for line in requests:
-                writer = os.fork()
-                if writer == 0:
-                    os.close(commands)
-                    os.close(events)
-                    os.setpgid(0, 0)
-                    _child_saves(save, obj, paths[int(line)])
-                with contextlib.suppress(OSError):
-                    os.setpgid(writer, writer)  # both sides: the group exists before the parent can kill it
-                os.write(events, f"started {writer}\n".encode())
-                status = os.waitpid(writer, 0)[1]
-                if not init:
-                    _end_group(writer)
-                os.write(events, f"exited {exit_code(status)}\n".encode())
-        code = 0
-    except BaseException:
-        pass
-    finally:
-        if init:  # the namespace is empty between trials: its init ends alone
-            with contextlib.suppress(OSError):
-                os.kill(init, signal.SIGKILL)
-                os.waitpid(init, 0)
-        os._exit(code)
-
-
-class _CrashTrials:
-    """Crash trials of ``save(obj, path)`` for each of ``paths``, run by one trial leader (forked on entry,
-    ended on exit); ``run(i, kill_at_bytes)`` runs trial i."""
-
-    def __init__(self, save, obj, paths: list):
-        self.save, self.obj, self.paths = save, obj, list(paths)
-
-    def __enter__(self):
-        commands_r, self.commands = os.pipe()
-        self.events, events_w = os.pipe()
-        self.done, done_w = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork in a threaded process
-            self.leader = os.fork()
-        if self.leader == 0:
-            for fd in (self.commands, self.events, self.done):
-                os.close(fd)
-            _trial_leader(self.save, self.obj, self.paths, commands_r, events_w, done_w)
-        for fd in (commands_r, events_w, done_w):
-            os.close(fd)
-        self._buffer, self.writer = b"", None
-        told = self._event()
-        self.init = int(told[1]) if told and told[0] == "ready" else 0
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if exc[0] is not None:  # interrupted mid-trial: end the writer, and the leader (its init dies with it)
-            self._kill()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.leader, signal.SIGKILL)
-        os.close(self.commands)  # the leader ends once it reads no more trials
-        os.waitpid(self.leader, 0)
-        os.close(self.events)
-        os.close(self.done)
-
-    def _event(self, wait: bool = True) -> list[str] | None:
-        """The leader's next report, split; None when there is none yet (and not ``wait``); [] at its end."""
-        while b"\n" not in self._buffer:
-            os.set_blocking(self.events, wait)
-            try:
-                chunk = os.read(self.events, 4096)
-            except BlockingIOError:
-                return None
-            if not chunk:
-                return []
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode().split()
-
-    def run(self, i: int, kill_at_bytes: int | None, timeout: float = 20.0) -> str:
-        """Trial i: 'killed', 'finished' (the save completed before the threshold was seen), 'failed' (it
-        raised) or 'timeout'. When it returns, no process the save started is left."""
-        directory = os.path.dirname(os.path.abspath(self.paths[i]))
-        before = _snapshot(directory)
-        try:
-            os.write(self.commands, f"{i}\n".encode())
-        except BrokenPipeError:  # the leader is gone
-            return "failed"
-        told = self._event()
-        if not told or told[0] != "started":
-            return "failed"
-        self.writer, ending = int(told[1]), None
-        deadline = time.monotonic() + timeout
-        while True:
-            told = self._event(wait=ending is not None)
-            if told is not None:
-                break  # the writer was reaped ("exited CODE"), or the leader ended ([])
-            if kill_at_bytes is not None and _bytes_written(directory, before) >= kill_at_bytes:
-                ending = "killed"
-            elif time.monotonic() > deadline:
-                ending = "timeout"
-            else:
-                continue
-            self._kill()
-        if ending is None:
-            self._kill(writer=False)  # what an ordinary save left running dies too
-        if self.init:
-            os.read(self.done, 1)  # the namespace's init found it empty
-        self.writer = None
-        if ending:
-            return ending
-        return "finished" if told == ["exited", "0"] else "failed"
-
-    def _kill(self, writer: bool = True) -> None:
-        """SIGKILL the writer's process group and, through the namespace's init (it reports on ``done``),
-        every process in the namespace."""
-        if writer and self.writer:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.writer, signal.SIGKILL)
-        if self.init:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.init, signal.SIGUSR1)
-
-
-def run_and_kill(save, obj, path, kill_at_bytes: int | None, timeout: float = 20.0) -> str:
-    """Fork a writer that runs ``save(obj, path)``; SIGKILL it, and every process it started, once
-    ``kill_at_bytes`` are on disk.
-
-    Returns 'killed', 'finished' (it completed before the threshold was seen),
-    'failed' (the save raised) or 'timeout'. When it returns, no process the save started is left.
-    """
-    with _CrashTrials(save, obj, [path]) as trials:
-        return trials.run(0, kill_at_bytes, timeout)
+def _saving_in_scratch(save, obj, path) -> None:
+    """What a trial's writer runs: the save, with tempfile's default folder the scratch's own."""
+    with _tempfile_folder_of(path):
+        save(obj, path)
 
 
 def probe_killed_saves(save, obj, kills: list, old: str) -> list[str]:
@@ -528,7 +187,7 @@ def probe_killed_saves(save, obj, kills: list, old: str) -> list[str]:
     The copies are made here: in graded mode only ``old`` travels into the sandbox, not one per trial."""
     for path, _ in kills:
         shutil.copyfile(old, path)  # the good checkpoint the save replaces
-    with _CrashTrials(save, obj, [path for path, _ in kills]) as trials:
+    with CrashTrials(functools.partial(_saving_in_scratch, save), obj, [path for path, _ in kills]) as trials:
         return [trials.run(i, kill_at_bytes) for i, (_, kill_at_bytes) in enumerate(kills)]
 
 
@@ -576,99 +235,6 @@ def crash_trials(save, trials: int = 10, seed: int = 0, layers: int = 8, workdir
 
 # ---------------------------------------------------------------------------------------------
 # Watching one call from outside: what got synced, when, holding how many bytes; what path held meanwhile
-
-def content_digest(path) -> str | None:
-    """A digest of the regular file at ``path``; None when there is none (a link counts as none)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    digest = hashlib.sha1()
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def recorded_file_operations(watch=None):
-    """Wrap os.fsync / os.fdatasync / os.replace / os.rename / os.remove / os.unlink / os.link / os.symlink
-    (and fcntl F_FULLFSYNC on macOS).
-
-    Yields the list of events they record, in call order: for a sync, whether it was a
-    directory, which file (device, inode) and its size at that moment; for a rename,
-    source and target; for a removal, the path; for a link, source and target. With
-    ``watch`` (a path), each event also holds ``watched``: content_digest(watch) right
-    after the call, what a crash at that moment would leave there.
-    """
-    events: list[dict] = []
-    names = ("fsync", "fdatasync", "replace", "rename", "remove", "unlink", "link", "symlink")
-    patched = [(os, name) for name in names if hasattr(os, name)]
-    if fcntl is not None and hasattr(fcntl, "F_FULLFSYNC"):
-        patched.append((fcntl, "fcntl"))  # macOS: fsync does not flush the drive's cache, F_FULLFSYNC does
-    originals = {(module, name): getattr(module, name) for module, name in patched}
-
-    def record(event: dict) -> None:
-        if watch is not None:
-            event["watched"] = content_digest(watch)
-        events.append(event)
-
-    def sync_event(call: str, fd) -> dict:
-        st = os.fstat(fd if isinstance(fd, int) else fd.fileno())
-        return {"op": "fsync", "call": call, "is_dir": stat.S_ISDIR(st.st_mode),
-                "inode": (st.st_dev, st.st_ino), "size": st.st_size}
-
-    def syncing(original, name):
-        def wrapper(fd):
-            event = sync_event(name, fd)   # the size the file has when the sync starts
-            result = original(fd)
-            record(event)
-            return result
-        return wrapper
-
-    def full_syncing(original):
-        def wrapper(fd, cmd, *args):
-            event = sync_event("F_FULLFSYNC", fd) if cmd == fcntl.F_FULLFSYNC else None
-            result = original(fd, cmd, *args)
-            if event is not None:
-                record(event)
-            return result
-        return wrapper
-
-    def two_paths(original, op, name):
-        def wrapper(src, dst, *args, **kwargs):
-            result = original(src, dst, *args, **kwargs)
-            record({"op": op, "call": name, "src": os.path.abspath(os.fspath(src)),
-                    "dst": os.path.abspath(os.fspath(dst))})
-            return result
-        return wrapper
-
-    def removing(original, name):
-        def wrapper(path, *args, **kwargs):
-            result = original(path, *args, **kwargs)
-            record({"op": "remove", "call": name, "path": os.path.abspath(os.fspath(path))})
-            return result
-        return wrapper
-
-    for (module, name), original in originals.items():
-        if module is not os:
-            setattr(module, name, full_syncing(original))
-        elif name in ("fsync", "fdatasync"):
-            setattr(module, name, syncing(original, name))
-        elif name in ("replace", "rename"):
-            setattr(module, name, two_paths(original, "rename", name))
-        elif name in ("link", "symlink"):
-            setattr(module, name, two_paths(original, "link", name))
-        else:
-            setattr(module, name, removing(original, name))
-    try:
-        yield events
-    finally:
-        for (module, name), original in originals.items():
-            setattr(module, name, original)
-
 
 def _inode(path) -> tuple[int, int]:
     st = os.stat(path)

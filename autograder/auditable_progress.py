@@ -23,7 +23,7 @@ import torch
 from .checking import expect, failing_if_raised, graded_check
 from .data_ledger import reference_audit
 from .distributed_sampler import interleave, sampler_shards
-from .token_streams import (budget_batches, chunked_batches, doc_starts, document_lengths, packed_batches,
+from .demos.token_streams import (budget_batches, chunked_batches, doc_starts, document_lengths, packed_batches,
                             trained_spans, valid_tokens, window_digest)
 
 # ---- token_cursor -------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ here, so the checks and the learner run the very same code. A check trains one
 trainer for N steps without a break. Its probes, run where the learner's functions
 live, train another for k steps and save it with the learner's ``save_checkpoint`` in a
 forked child (what the save leaves in memory dies with it); then, in a fresh process
-(``autograder.fresh_process``: a new interpreter that never held the saving process's
+(``autograder.engine.fresh_process``: a new interpreter that never held the saving process's
 memory, given a copy of what the save left in its folder), build a trainer with another
 seed, move its RNGs elsewhere, call the learner's ``load_checkpoint`` and train N - k
 steps, and report what they saw. Every component is compared right after loading and
@@ -16,7 +16,6 @@ memory or another file, and the message says so.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -29,10 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import fresh_process
+from .engine import fresh_process, fresh_runs
+from .engine.fresh_runs import preserved_rngs, scramble_rngs
 from .checking import Remembered, expect, graded_check, load_written, observe
 from .grading.sandbox import learner_exception
-from .fresh_process import copy_regular_files, recording_writes_outside, what_did_not_travel
+from .engine.fresh_process import copy_regular_files, recording_writes_outside, what_did_not_travel
 from .helpers import watch
 
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -194,72 +194,17 @@ def _clone(value):
     return value
 
 
-@contextlib.contextmanager
-def preserved_rngs():
-    """Leave the caller's global RNGs as they were: a check must not reseed the learner's kernel."""
-    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-
-
-def scramble_rngs(entropy: int | None = None) -> None:
-    """Put every global RNG somewhere unpredictable, as in a process that just started.
-
-    ``entropy`` fixes where (the same place every time); without it the OS picks.
-    """
-    if entropy is None:
-        entropy = int.from_bytes(os.urandom(8), "little")
-    torch.manual_seed(entropy)
-    np.random.seed(entropy % 2 ** 32)
-    random.seed(entropy)
-
-
 # ---- a fresh process -------------------------------------------------------------------------
+
+def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0, readable=()):
+    """``task()`` in a fresh process with scrambled RNGs, this module warmed up there (engine.fresh_runs)."""
+    return fresh_runs.run_in_fresh_process(task, timeout, readable, preload=__name__)
+
 
 def warm_up_fresh_processes() -> None:
     """In the server of fresh processes (fresh_process._warm): a resume's first steps, imported once there."""
     with preserved_rngs():
         train_steps(make_trainer(0), 1)
-
-def _scrambled(task: Callable[[], object], entropy: int | None):
-    scramble_rngs(entropy)
-    return task()
-
-
-def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0, readable=()):
-    """Run ``task()`` in a fresh process (``autograder.fresh_process``) whose RNGs are scrambled; return
-    what it returns, as data.
-
-    The process is a new Python interpreter: it never held this one's memory. ``task`` travels by value,
-    copied now: its code, and the globals and closure variables it uses, as data. It reads no file but
-    those in ``readable``, and writes only a folder of its own. Errors there come back as RuntimeError.
-    Where there is no fork (Windows) it runs here, with the caller's RNGs kept: a weaker test.
-    """
-    if not fresh_process.AVAILABLE:
-        return _run_in_this_process(task)
-    packed = fresh_process.packed(_scrambled, task, None)
-    try:
-        return packed.run(readable=readable, timeout=timeout, preload=__name__)
-    except fresh_process.FreshProcessError as exc:
-        behind = "; ".join(f"{name} ({what})" for name, what in packed.left_out.items())
-        raise RuntimeError(f"{exc}" + (f"; not handed to the fresh process: {behind}" if behind else "")) from None
-
-
-def _run_in_this_process(task: Callable[[], object]):
-    """The fallback where there is no fork: scrambled RNGs, same process, the caller's RNGs kept.
-
-    Weaker than a fresh process (module-level state is shared), but every RNG still starts elsewhere.
-    """
-    with preserved_rngs():
-        scramble_rngs()
-        try:
-            return task()
-        except Exception as exc:
-            raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
 
 
 # ---- probes: run where the learner's functions live, return data ------------------------------

@@ -558,7 +558,7 @@ def probe_digests_in_new_interpreters(window_digest, windows: list, timeout: flo
     import sys
     import types
 
-    from .portable import _Packer, _Unpacker
+    from .engine.portable import _Packer, _Unpacker
     try:
         if isinstance(window_digest, types.FunctionType):
             packer = _Packer(window_digest.__globals__)

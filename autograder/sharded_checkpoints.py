@@ -27,43 +27,27 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
+import functools
 import hashlib
 import json
 import os
-import random
 import re
-import select
 import shutil
 import signal
 import stat
-import sys
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from .checking import Remembered, expect, failing_if_raised, graded_check, observe, silence_this_process
+from .engine.forked_ranks import first_line, fork_ranks, join, leave_together, quiet_distributed, reap, schedule_job
 
 METADATA = ".metadata"
 POINTER = "latest"
 STEP_NAME = re.compile(r"step_(\d+)")
-
-
-def quiet_distributed() -> None:
-    """Silence what torch.distributed says on the side (a single-process DCP save warns that no process
-    group exists; FSDP2 and DCP log at INFO) in the process that calls it: the learner sees none of it."""
-    import logging
-    import warnings
-    warnings.filterwarnings("ignore", module=r"torch\.distributed.*")
-    warnings.filterwarnings("ignore", message=".*torch.distributed.*")
-    for name in ("torch.distributed", "torch.distributed.checkpoint"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-_quiet_distributed = quiet_distributed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,7 +65,7 @@ def _write_step(run_dir: Path, step: int, seed: int, how: str = "committed") -> 
     .metadata.tmp), 'empty_marker' (the marker's name survived a power cut, its bytes did not),
     'truncated_marker' (half of its bytes did)."""
     import torch.distributed.checkpoint as dcp
-    _quiet_distributed()
+    quiet_distributed()
     folder = run_dir / f"step_{step}"
     dcp.save(_state(seed, step), checkpoint_id=folder)
     marker = folder / METADATA
@@ -397,7 +381,7 @@ def probe_saves(save_checkpoint, run_dir: str, states: list, steps: list) -> dic
     forked process (a job that ran before this one), the second here, the third here with the rename onto `latest`
     failing. Reports each call's events, what it raised, the run folder after it, and what each step folder loads
     as. Background fsyncs are slowed (a pointer moved before an async save's future is done is then seen early)."""
-    _quiet_distributed()
+    quiet_distributed()
     run_dir = Path(run_dir)
     handle, report_path = tempfile.mkstemp(prefix="first-save-", suffix=".json")
     os.close(handle)
@@ -606,36 +590,6 @@ def check_save_checkpoint_durable(save_checkpoint, seed: int = 0) -> None:
 RANKS = 3
 
 
-def _leave_together(store, world_size: int, wait: float = 1.0) -> None:
-    """Count this rank out in the job's store and wait (a second at most) until every rank has: a rank that
-    exits first closes its gloo connections while a slower one may still read its last message."""
-    store.add("left", 1)
-    deadline = time.monotonic() + wait
-    while store.add("left", 0) < world_size and time.monotonic() < deadline:
-        time.sleep(0.005)
-
-
-def _join(workdir: str, rank: int, world_size: int):
-    import torch.distributed as dist
-    silence_this_process()
-    _quiet_distributed()
-    torch.set_num_threads(1)
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    store = dist.FileStore(os.path.join(workdir, "store"), world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=10))
-    return store
-
-
-def _first_line(exc: BaseException) -> str:
-    """How a rank ended, in words that are the same on every run (no ports, no C++ locations): a rank whose
-    peer is gone fails inside gloo with a RuntimeError (or a subclass), worded after the socket's fate."""
-    if isinstance(exc, NotImplementedError):     # a RuntimeError too: the answer cell's stub
-        return "NotImplementedError"
-    if isinstance(exc, RuntimeError):
-        return "a collective failed: a peer was gone"
-    return type(exc).__name__
-
-
 def _rows(tensor, rank: int, world_size: int):
     """This rank's rows of ``tensor``, split on dim 0 as FSDP2 splits it (torch.chunk), in storage of their own."""
     chunks = tensor.chunk(world_size)
@@ -646,7 +600,7 @@ def _saving_rank(save_checkpoint, rank: int, world_size: int, steps: list, seed:
     code = 1
     report = {"pointer_moves": 0, "error": None, "done": False}
     try:
-        store = _join(workdir, rank, world_size)
+        store = join(workdir, rank, world_size)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Shard
         mesh = init_device_mesh("cpu", (world_size,))
@@ -676,41 +630,13 @@ def _saving_rank(save_checkpoint, rank: int, world_size: int, steps: list, seed:
         report["done"] = True
         code = 0
     except BaseException as exc:
-        report["error"] = _first_line(exc)
+        report["error"] = first_line(exc)
     finally:
         with contextlib.suppress(Exception):
             Path(workdir, f"rank{rank}.json").write_text(json.dumps(report))
         with contextlib.suppress(Exception):
-            _leave_together(store, world_size)
+            leave_together(store, world_size)
         os._exit(code)
-
-
-def _fork_ranks(target, world_size: int, args: tuple) -> list[int]:
-    pids = []
-    for rank in range(world_size):
-        pid = os.fork()
-        if pid == 0:
-            target(*args[:1], rank, *args[1:])    # never returns: the rank ends with os._exit
-        pids.append(pid)
-    return pids
-
-
-def _reap(pids: list[int], deadline: float) -> dict[int, object]:
-    """Wait for each process until the deadline, then SIGKILL the rest; exit codes by index."""
-    codes, end = {}, time.monotonic() + deadline
-    while len(codes) < len(pids) and time.monotonic() < end:
-        for i, pid in enumerate(pids):
-            if i not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[i] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.005)
-    for i, pid in enumerate(pids):
-        if i not in codes:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            codes[i] = "killed at the deadline"
-    return codes
 
 
 _warmed: list = []
@@ -735,13 +661,13 @@ def probe_saves_on_ranks(save_checkpoint, world_size: int, steps: list, seed: in
     """Fork ``world_size`` gloo ranks; each holds its rows (dim 0, as FSDP2 shards) of every tensor of the
     state and calls save_checkpoint(state, run_dir, step) for each step. Per rank: how it ended, how many times
     it renamed something onto `latest`; per step folder: its files and whether it loads as the whole state."""
-    _quiet_distributed()
+    quiet_distributed()
     _warm_dcp()
     workdir = tempfile.mkdtemp(prefix="ranks-save-")
     try:
         os.mkdir(os.path.join(workdir, "run"))
-        pids = _fork_ranks(_saving_rank, world_size, (save_checkpoint, world_size, steps, seed, workdir))
-        codes = _reap(pids, deadline=30.0)
+        pids = fork_ranks(_saving_rank, world_size, (save_checkpoint, world_size, steps, seed, workdir))
+        codes = reap(pids, deadline=30.0)
         ranks = []
         for rank in range(world_size):
             path = Path(workdir, f"rank{rank}.json")
@@ -900,25 +826,15 @@ STORIES = {"one": "the scheduler's SIGTERM reached one of the {R} ranks in the m
                     "any commit"}
 
 
-def _draw(job: str, world_size: int, steps: int, rng) -> dict:
+def _draw(job: str, steps: int, world_size: int, rng) -> dict:
     if job == "one":
         return {"ranks": [rng.randrange(1, world_size)], "update": rng.randrange(2, steps)}
     return {"ranks": sorted(rng.sample(range(world_size), 2)), "update": 1}
 
 
-class _Channel:
-    """A rank's line to the scheduler: at each update's midpoint it says so and waits for the go-ahead; the
-    scheduler may send it a SIGTERM first. The line carries nothing else."""
-
-    def __init__(self, up: int, down: int):
-        self.up, self.down = up, down
-
-    def mid_update(self) -> None:
-        os.write(self.up, b"u")
-        os.read(self.down, 1)     # a SIGTERM sent before the answer runs the handler inside this read
-
-
-def _guarded_rank(guard_class, rank: int, world_size: int, steps: int, channel: _Channel) -> dict:
+def _guarded_rank(guard_class, steps: int, rank: int, world_size: int, channel) -> dict:
+    """A rank of a preemption job (engine.forked_ranks.rank_process runs it): trains with guard_class(save),
+    calling at_commit() after each update; its report."""
     import torch.distributed as dist
     from .helpers import regression_data
 
@@ -955,96 +871,6 @@ def _guarded_rank(guard_class, rank: int, world_size: int, steps: int, channel: 
     return {"stopped_at": stopped_at, "updates": state["updates"], "saves": saves}
 
 
-def _rank_process(guard_class, rank, world_size, steps, workdir, channel) -> None:
-    code, store = 1, None
-    try:
-        # SIGTERM is blocked while gloo starts its threads (they inherit the mask), then unblocked here only:
-        # the scheduler's signal reaches this thread, and its handler runs inside the channel's read.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        store = _join(workdir, rank, world_size)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        report = _guarded_rank(guard_class, rank, world_size, steps, channel)
-        Path(workdir, f"rank{rank}.json").write_text(json.dumps(report))
-        code = 0
-    except BaseException as exc:
-        with contextlib.suppress(Exception):
-            Path(workdir, f"rank{rank}.error").write_text(_first_line(exc))
-    finally:
-        with contextlib.suppress(Exception):
-            os.close(channel.up)
-        if store is not None:
-            with contextlib.suppress(Exception):
-                _leave_together(store, world_size)
-        os._exit(code)
-
-
-def _not_dumpable() -> None:
-    """The scheduler's memory (the schedule) cannot be read by the ranks through /proc or ptrace."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
-
-
-def _schedule_job(job: str, guard_class, world_size: int, steps: int, workdir: str) -> None:
-    """One job's scheduler: fork the ranks, then draw the schedule and signal them by it; write what
-    happened to job.json."""
-    code = 1
-    try:
-        silence_this_process()
-        ups = [os.pipe() for _ in range(world_size)]
-        downs = [os.pipe() for _ in range(world_size)]
-        pids = []
-        for rank in range(world_size):
-            pid = os.fork()
-            if pid == 0:
-                for other in range(world_size):
-                    os.close(ups[other][0])
-                    os.close(downs[other][1])
-                    if other != rank:
-                        os.close(ups[other][1])
-                        os.close(downs[other][0])
-                _rank_process(guard_class, rank, world_size, steps, workdir,
-                              _Channel(ups[rank][1], downs[rank][0]))
-            pids.append(pid)
-        for rank in range(world_size):
-            os.close(ups[rank][1])
-            os.close(downs[rank][0])
-        _not_dumpable()
-        schedule = _draw(job, world_size, steps, random.SystemRandom())   # only now, only here
-        counts, sent = [0] * world_size, []
-        listening = {ups[rank][0]: rank for rank in range(world_size)}
-        end = time.monotonic() + 20
-        while listening and time.monotonic() < end:
-            ready, _, _ = select.select(list(listening), [], [], max(0.0, end - time.monotonic()))
-            for fd in ready:
-                rank = listening[fd]
-                data = os.read(fd, 64)
-                if not data:
-                    del listening[fd]
-                    continue
-                for _ in data:
-                    counts[rank] += 1
-                    if rank in schedule["ranks"] and counts[rank] == schedule["update"]:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pids[rank], signal.SIGTERM)
-                        sent.append([rank, counts[rank]])
-                    with contextlib.suppress(OSError):
-                        os.write(downs[rank][1], b"g")
-        codes = _reap(pids, deadline=max(1.0, end - time.monotonic()))
-        ranks = []
-        for rank in range(world_size):
-            report_path, error_path = Path(workdir, f"rank{rank}.json"), Path(workdir, f"rank{rank}.error")
-            ranks.append({"exit": codes[rank],
-                          "report": json.loads(report_path.read_text()) if report_path.exists() else None,
-                          "error": error_path.read_text() if error_path.exists() else None})
-        Path(workdir, "job.json").write_text(json.dumps({"job": job, "schedule": schedule, "sent": sent,
-                                                         "ranks": ranks}))
-        code = 0
-    finally:
-        os._exit(code)
-
-
 def probe_preemption(guard_class, world_size: int, steps: int) -> list[dict]:
     """Two jobs at once, one per scenario of JOBS, each of ``world_size`` forked gloo ranks training with
     ``guard_class(save)`` and calling ``at_commit()`` after each update, under a scheduler process of its own
@@ -1056,9 +882,10 @@ def probe_preemption(guard_class, world_size: int, steps: int) -> list[dict]:
         for job, workdir in zip(JOBS, roots):
             pid = os.fork()
             if pid == 0:
-                _schedule_job(job, guard_class, world_size, steps, workdir)
+                schedule_job(functools.partial(_guarded_rank, guard_class, steps), functools.partial(_draw, job, steps),
+                             world_size, workdir, job=job)
             leaders.append(pid)
-        _reap(leaders, deadline=40.0)
+        reap(leaders, deadline=40.0)
         jobs = []
         for job, workdir in zip(JOBS, roots):
             path = Path(workdir, "job.json")

@@ -38,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
 from .checking import Remembered, error_text, expect, failing_if_raised, graded_check, observe
-from .portable import portable
+from .engine.portable import portable
 
 # ---------------------------------------------------------------------------------------------
 # Start method

@@ -87,6 +87,23 @@ def _script(text: str) -> bytes:
 
 # ---- Gradescope ------------------------------------------------------------------------------------
 
+_NOT_STARTED = ("Not graded: the autograder could not start (exit status %s). This is not a problem with your "
+                "notebook; your instructor has been told.")
+
+
+def _judge_or_say_so(module: str, results: str) -> str:
+    """The end of both platforms' entry scripts: run ``module``; where it left no results.json, write
+    ``results`` (the platform's JSON, its message at %s) saying so. Exit 0 whatever happened."""
+    return f"""cd "$ROOT"
+"$PYTHON" -m {module}
+status=$?
+if [ ! -s "$ROOT/results/results.json" ]; then
+    mkdir -p "$ROOT/results"
+    printf '{results % _NOT_STARTED}\\n' "$status" > "$ROOT/results/results.json"
+fi
+exit 0
+"""
+
 GRADESCOPE_SETUP = r"""
 #!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu 22.04 by default):
@@ -114,15 +131,7 @@ GRADESCOPE_RUN = r"""
 ROOT="${WORKBOOK_PLATFORM_ROOT:-/autograder}"
 PYTHON="${WORKBOOK_PLATFORM_PYTHON:-$ROOT/venv/bin/python}"
 export WORKBOOK_PLATFORM_ROOT="$ROOT" PYTHONPATH="$ROOT/source" OMP_NUM_THREADS=1
-cd "$ROOT"
-"$PYTHON" -m autograder.platforms.gradescope
-status=$?
-if [ ! -s "$ROOT/results/results.json" ]; then
-    mkdir -p "$ROOT/results"
-    printf '{"score": 0.0, "output": "Not graded: the autograder could not start (exit status %s). This is not a problem with your notebook; your instructor has been told.", "tests": []}\n' "$status" > "$ROOT/results/results.json"
-fi
-exit 0
-"""
+""" + _judge_or_say_so("autograder.platforms.gradescope", '{"score": 0.0, "output": "%s", "tests": []}')
 
 
 def gradescope_files(notebook: Notebook, settings: Settings) -> dict[str, bytes]:
@@ -162,15 +171,7 @@ ROOT="${WORKBOOK_PLATFORM_ROOT:-/grade}"
 PYTHON="${WORKBOOK_PLATFORM_PYTHON:-python3}"        # the grader image's Python (grader-image/Dockerfile)
 HERE="$(cd "$(dirname "$0")" && pwd)"
 export WORKBOOK_PLATFORM_ROOT="$ROOT" PYTHONPATH="$HERE" OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
-cd "$ROOT"
-"$PYTHON" -m autograder.platforms.prairielearn
-status=$?
-if [ ! -s "$ROOT/results/results.json" ]; then
-    mkdir -p "$ROOT/results"
-    printf '{"gradable": false, "message": "Not graded: the autograder could not start (exit status %s). This is not a problem with your notebook; your instructor has been told."}\n' "$status" > "$ROOT/results/results.json"
-fi
-exit 0
-"""
+""" + _judge_or_say_so("autograder.platforms.prairielearn", '{"gradable": false, "message": "%s"}')
 
 PRAIRIELEARN_DOCKERFILE = """
 # The grading image for PrairieLearn: Python and the course's pinned requirements, the CPU build of torch.

@@ -6,7 +6,7 @@
 The notebook shown is the one ``workbook-demo`` renders: the student version with the answers from
 ``solutions/`` pasted in (so no hidden test reaches the screen), in a scratch folder. Voilà runs it top to
 bottom in a fresh kernel when the page is opened, shows the outputs and plots without the code, and keeps
-the kernel running, so the demos' sliders and toggles (``autograder.controls``) compute again when a
+the kernel running, so the demos' sliders and toggles (``autograder.demos.controls``) compute again when a
 teacher moves them. The server listens on loopback only, and its root URL is the notebook itself.
 Stop it with Ctrl-C.
 """

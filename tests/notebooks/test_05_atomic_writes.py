@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from autograder import atomic_writes as checks
+from autograder.engine import crash_trials as trial_engine
 from check_outcomes import failing_checks, failure_of
 from fixtures import atomic_writes_impls as impls
 from notebook_checks import checks_of
@@ -158,8 +159,8 @@ def test_each_checkpoint_made_is_its_own_copy():
 
 # ---- crash trials end every process a save starts ----------------------------------------------
 
-ISOLATIONS = {"pid namespace": (checks.CLONE_NEWPID,),
-              "user and pid namespaces": (checks.CLONE_NEWUSER | checks.CLONE_NEWPID,),
+ISOLATIONS = {"pid namespace": (trial_engine.CLONE_NEWPID,),
+              "user and pid namespaces": (trial_engine.CLONE_NEWUSER | trial_engine.CLONE_NEWPID,),
               "process group (fallback)": ()}
 
 
@@ -180,7 +181,7 @@ def isolation(request, monkeypatch):
     if flags and not _can_unshare(flags[0]):
         pytest.skip(f"{request.param}: unshare() is refused to this user here (uid {os.getuid()}); "
                     "the checks use the next way on the list")
-    monkeypatch.setattr(checks, "PID_NAMESPACE_FLAGS", flags)
+    monkeypatch.setattr(trial_engine, "PID_NAMESPACE_FLAGS", flags)
     return request.param
 
 

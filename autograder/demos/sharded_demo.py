@@ -46,9 +46,9 @@ from torch.distributed.fsdp import fully_shard
 from . import gloo_demo
 from .gloo_demo import (_silence_this_process, host_store, join_gloo_group, leave_together,  # the same ranks as 07's
                         run_to_the_end)
-from .helpers import regression_data, tiny_mlp
-from .sharded_checkpoints import quiet_distributed
-from .rank_server import start_rank_server
+from ..helpers import regression_data, tiny_mlp
+from ..engine.forked_ranks import quiet_distributed
+from ..engine.rank_server import start_rank_server
 
 N = 48                 # dataset size: 4 global batches per epoch
 GLOBAL_BATCH = 12      # divisible by 4, 3 and 2 ranks

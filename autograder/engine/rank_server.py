@@ -1,6 +1,6 @@
 """The process that notebook 07's ranks fork from, started as early as a notebook likes.
 
-A ``forkserver`` imports torch and ``autograder.gloo_demo`` once (about a second); every rank
+A ``forkserver`` imports torch and ``autograder.demos.gloo_demo`` once (about a second); every rank
 then forks from it in milliseconds. This module imports neither, so a notebook can start the
 server before its own imports: the server's import and the kernel's then run side by side on
 two cores instead of one after the other.
@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-RANK_MODULE = "autograder.gloo_demo"   # where the ranks' entry point lives
+RANK_MODULE = "autograder.demos.gloo_demo"   # where the ranks' entry point lives
 
 
 def start_rank_server(preload: str = RANK_MODULE) -> str:

@@ -49,8 +49,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from .helpers import regression_data
-from .rank_server import start_rank_server
+from ..helpers import regression_data
+from ..engine.rank_server import start_rank_server
 
 MICRO_BATCH = 2
 LEARNING_RATE = 0.3

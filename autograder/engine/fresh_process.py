@@ -53,7 +53,7 @@ from . import portable
 # Bound when this module is imported (before any submitted code runs in a sandbox): the interpreter that
 # starts the server, where this package lives, and the little of the environment it keeps.
 _PYTHON = sys.executable
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # above autograder/
 _KEPT_ENVIRONMENT = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
 _SERVER: dict = {}          # the running server of this process (a dict: changed in place, never rebound)
 AVAILABLE = hasattr(os, "fork") and hasattr(socket, "send_fds")   # not on Windows
@@ -295,7 +295,7 @@ def _run_here(payload: bytes):
 # ---- frames on a stream socket: a length, then JSON made by wire.encode ---------------------------
 
 def _encode(value) -> bytes:
-    from .grading import wire
+    from ..grading import wire
 
     def refuse(obj):
         raise TypeError(f"a {type(obj).__name__} is not data")
@@ -303,7 +303,7 @@ def _encode(value) -> bytes:
 
 
 def _decode(frame: bytes):
-    from .grading import wire
+    from ..grading import wire
 
     def refuse(ref):
         raise ValueError("a reference is not data")
@@ -353,7 +353,7 @@ try:
     os.setsid()         # out of the caller's session, so its terminal's signals stay there
 except PermissionError:
     pass                # in the grading sandbox, whose filter refuses setsid: it stays in the sandbox's
-from autograder.fresh_process import _serve
+from autograder.engine.fresh_process import _serve
 _serve(int(sys.argv[2]))
 """
 
@@ -618,7 +618,7 @@ def _prctl(option: int, *args: int) -> int:
 def in_a_fork(task: Callable, *args, timeout: float = 20.0):
     """``task(*args)`` in a forked child; what it returns, as data. The child holds everything this process
     holds at the fork, and what it changes dies with it. Errors there come back as FreshProcessError."""
-    from .checking import silence_this_process
+    from ..checking import silence_this_process
     if not hasattr(os, "fork"):
         return _outcome(_decode(_encode(_call(task, args))))
     read_end, write_end = os.pipe()

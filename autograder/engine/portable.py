@@ -91,7 +91,7 @@ class _DataPacker(_Packer):
 
     _Packer pickles every value it meets, and pickling an object runs its class's ``__reduce__``, its
     ``__getstate__``, a ``copyreg`` entry: learner code, running in the process that packs. A fresh
-    process that a check resumes in (``autograder.fresh_process``) is packed in a process that may hold
+    process that a check resumes in (``autograder.engine.fresh_process``) is packed in a process that may hold
     what the check must keep to itself, so here only these travel: plain data (numbers, strings, bytes,
     ranges, the builtin containers of them), NumPy arrays and tensors that own their memory, functions and
     classes by value where ``by_value(obj)`` says so (their code, and the globals, defaults and closure
@@ -247,7 +247,7 @@ def trusted_roots() -> list[str]:
     paths = sysconfig.get_paths()
     roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
     roots |= {p for p in sys.path if p and os.path.basename(p) in ("site-packages", "dist-packages")}
-    roots.add(os.path.dirname(os.path.abspath(__file__)))       # this package
+    roots.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))       # this package (autograder/)
     return sorted({os.path.realpath(r) for r in roots})
 
 
