@@ -18,7 +18,7 @@ no file in /dev/shm, the temp folder or the home folder. A fork shares all of th
   other file descriptor is closed; Landlock lets it read the Python installation, this package and the
   files it is given (the checkpoint), and write its own folder only; it may not connect over TCP or to
   an abstract socket, nor signal or trace processes outside it; a seccomp filter refuses ``socket()``.
-  What the machine lacks is skipped and said in ``confinement()``.
+  What the machine lacks is skipped and said in ``confinement()`` (the filters: ``engine.confinement``).
 
 Results come back as data (``autograder.grading.wire``), never unpickled. A task may also ask questions
 of the process that runs it while it runs (``ask``): notebook 08's checks keep their training runs there,
@@ -31,10 +31,8 @@ memory (module globals, patched functions) dies with it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import platform
 import select
 import shutil
 import signal
@@ -49,6 +47,9 @@ import traceback
 from typing import Callable
 
 from . import portable
+# Where the confinement and the checks' file helpers live now; fresh_process.<name> still reaches them.
+from .confinement import _READABLE, _landlock_abi, _seccomp_program, confine, readable_roots  # noqa: F401
+from .travel import copy_regular_files, recording_writes_outside, stat_is_regular, what_did_not_travel  # noqa: F401
 
 # Bound when this module is imported (before any submitted code runs in a sandbox): the interpreter that
 # starts the server, where this package lives, and the little of the environment it keeps.
@@ -500,119 +501,6 @@ def _close_all_but(keep: int) -> None:
                 pass
 
 
-# ---- confinement: Landlock and seccomp, where the kernel has them -----------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-# Landlock (include/uapi/linux/landlock.h): filesystem rights by ABI, TCP rights (ABI 4), scopes (ABI 6).
-_FS_RIGHTS = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1, 5: (1 << 16) - 1}
-_READ = 1 | 4 | 8          # EXECUTE | READ_FILE | READ_DIR
-_FILE_RIGHTS = 1 | 2 | 4 | (1 << 14) | (1 << 15)    # what applies to a file (not a folder)
-_READABLE: dict = {}     # the server computes the roots once; its children inherit them
-_SYSTEM = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/opt",
-           "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"]
-
-
-def _syscall():
-    call = _libc.syscall
-    call.restype = ctypes.c_long
-    return call
-
-
-def _landlock_abi() -> int:
-    if _libc is None:
-        return 0
-    return max(0, _syscall()(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
-
-
-def readable_roots() -> list[str]:
-    """What a fresh process may read besides the files it is given: the system's libraries, the Python
-    installation and this package (not the folder this package lies in)."""
-    roots = set(_SYSTEM) | set(portable.trusted_roots())
-    roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(_PYTHON))}
-    return sorted(root for root in roots if os.path.exists(root))
-
-
-def confine(readable: list[str], writable: list[str], listable: list[str] = ()) -> dict:
-    """In a fresh process, before its task is unpacked: Landlock and seccomp as described above.
-    ``listable`` folders may be listed, not read (where a module of the learner's own lies)."""
-    if _libc is not None:
-        _prctl(38, 1)                      # PR_SET_NO_NEW_PRIVS, which both require
-    roots = _READABLE.get("roots") or readable_roots()
-    done = {"landlock": _apply_landlock(roots + readable, writable + ["/dev/null"], list(listable)),
-            "seccomp": _apply_seccomp()}
-    return done
-
-
-def _apply_landlock(readable: list[str], writable: list[str], listable: list[str] = ()) -> int:
-    abi = _landlock_abi()
-    if abi < 1:
-        return 0
-    call = _syscall()
-    fs = _FS_RIGHTS[min(abi, 5)]
-    net = 3 if abi >= 4 else 0              # BIND_TCP | CONNECT_TCP: none allowed
-    scoped = 3 if abi >= 6 else 0           # abstract UNIX sockets and signals of processes outside
-    attr = struct.pack("QQQ", fs, net, scoped) if abi >= 6 else struct.pack("QQ", fs, net) if abi >= 4 \
-        else struct.pack("Q", fs)
-    ruleset = call(444, ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
-    if ruleset < 0:
-        return 0
-    try:
-        for paths, rights in ((readable, _READ), (writable, fs), (listable, 8)):     # 8: READ_DIR
-            for path in paths:
-                try:
-                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
-                except OSError:
-                    continue
-                try:
-                    granted = rights if os.path.isdir(path) else rights & _FILE_RIGHTS
-                    rule = struct.pack("=Qi", granted, fd)
-                    call(445, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0))
-                finally:
-                    os.close(fd)
-        if call(446, ctypes.c_int(ruleset), ctypes.c_uint32(0)):
-            return 0
-    finally:
-        os.close(ruleset)
-    return abi
-
-
-def _seccomp_program() -> bytes | None:
-    """A BPF filter that makes socket() fail with EPERM (and any syscall of a foreign ABI), else None
-    where this machine's numbers are not known here."""
-    arch, number = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}.get(platform.machine(), (None, None))
-    if arch is None or _libc is None:
-        return None
-    def op(code, jt, jf, k):
-        return struct.pack("HBBI", code, jt, jf, k)
-    deny, allow = 0x00050000 | 1, 0x7FFF0000     # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
-    foreign = 0x40000000 if arch == 0xC000003E else 0xFFFFFFFF   # x32's numbers on x86_64
-    return b"".join([
-        op(0x20, 0, 0, 4),              # load the architecture
-        op(0x15, 1, 0, arch),           # native: go on
-        op(0x06, 0, 0, deny),
-        op(0x20, 0, 0, 0),              # load the syscall number
-        op(0x15, 2, 0, number),         # socket(): deny
-        op(0x35, 1, 0, foreign),        # x32 ABI: deny
-        op(0x06, 0, 0, allow),
-        op(0x06, 0, 0, deny),
-    ])
-
-
-def _apply_seccomp() -> bool:
-    program = _seccomp_program()
-    if program is None:
-        return False
-    buffer = ctypes.create_string_buffer(program, len(program))
-    fprog = struct.pack("HL", len(program) // 8, ctypes.addressof(buffer))
-    prog = ctypes.create_string_buffer(fprog, len(fprog))
-    return _prctl(22, 2, ctypes.addressof(prog)) == 0     # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-
-
-def _prctl(option: int, *args: int) -> int:
-    values = [ctypes.c_ulong(a) for a in (*args, 0, 0, 0, 0)[:4]]
-    return _libc.prctl(ctypes.c_int(option), *values)
-
-
 # ---- a forked child, for the learner's save ----------------------------------------------------------
 
 def in_a_fork(task: Callable, *args, timeout: float = 20.0):
@@ -662,77 +550,3 @@ def _call(task: Callable, args: tuple) -> dict:
         return {"ok": task(*args)}
     except BaseException as exc:    # noqa: BLE001 (reported to the parent, not raised here)
         return _described(exc, traceback.extract_tb(exc.__traceback__))
-
-
-# ---- what travels, and what did not: for the checks' messages -------------------------------------------
-
-def copy_regular_files(source: str, target: str) -> list[str]:
-    """Copy the bytes of every regular file in the folder ``source`` (not its links, wherever they point,
-    nor its subfolders) into the folder ``target``; their names. What the check moves to a fresh process is
-    what the save left on disk where it was told to write: no link to follow, no hard link through which
-    another process could change the bytes."""
-    copied = []
-    for name in sorted(os.listdir(source)):
-        try:
-            fd = os.open(os.path.join(source, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        try:
-            if not stat_is_regular(os.fstat(fd)):
-                continue
-            with open(os.path.join(target, name), "wb") as out:
-                while chunk := os.read(fd, 1 << 20):
-                    out.write(chunk)
-            copied.append(name)
-        finally:
-            os.close(fd)
-    return copied
-
-
-def stat_is_regular(st) -> bool:
-    import stat
-    return stat.S_ISREG(st.st_mode)
-
-
-def recording_writes_outside(folder: str) -> list:
-    """In a forked child that is about to run the learner's save: a list that fills with (place, name) for
-    each file the save opens for writing, or renames or links to, outside ``folder`` (an audit hook, which
-    lives as long as the child does)."""
-    inside, opened = os.path.realpath(folder) + os.sep, []
-    places = [(os.path.realpath("/dev/shm"), "/dev/shm"), (os.path.realpath(tempfile.gettempdir()), "the temp folder"),
-              (os.path.realpath(os.path.expanduser("~")), "the home folder")]
-
-    def note(path) -> None:
-        try:
-            where = os.path.realpath(os.fsdecode(path))
-        except (TypeError, ValueError):
-            return
-        if where.startswith(inside) or where == os.devnull or len(opened) >= 8:
-            return
-        place = next((name for root, name in places if where.startswith(root + os.sep)), "elsewhere")
-        opened.append([place, os.path.basename(where)])
-
-    def hook(event: str, args: tuple) -> None:
-        if event == "open" and len(args) == 3 and not isinstance(args[0], int):
-            path, mode, flags = args
-            writing = (any(c in (mode or "") for c in "wax+") if mode is not None
-                       else bool((flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC)))
-            if writing:
-                note(path)
-        elif event in ("os.rename", "os.link", "os.symlink") and len(args) >= 2:
-            note(args[1])
-        elif event == "shutil.copyfile" and len(args) >= 2:
-            note(args[1])
-    sys.addaudithook(hook)
-    return opened
-
-
-def what_did_not_travel(seen: dict, save: str, load: str) -> str:
-    """In words: the learner's globals and closure variables that could not be handed to the fresh process,
-    and where the save wrote files outside the checkpoint's folder ("" when neither)."""
-    parts = [f"{load} uses {name}, {what}: nothing of it reaches a process that starts afresh."
-             for name, what in list(seen.get("left_out", {}).items())[:3]]
-    places = list(dict.fromkeys(place for place, _ in seen.get("written_outside", [])))
-    if places:
-        parts.append(f"{save} also wrote files in {' and '.join(places)}, which that process cannot read.")
-    return " ".join(parts) + (" " if parts else "")
