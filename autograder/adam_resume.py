@@ -13,6 +13,7 @@ connects them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import shutil
@@ -65,23 +66,17 @@ def new_adam_state(w: np.ndarray) -> dict:
 HYPER = ("lr", "beta1", "beta2", "eps")
 
 
-class TorchAdam:
-    """torch.optim.Adam in float64 on one parameter vector, fed NumPy gradients.
+class _TorchReference:
+    """torch.optim.Adam in float64 on the regression problem of one seed, from its w0 and a fresh state.
 
-    Starting from a NumPy Adam state, it continues exactly as PyTorch would: the
-    state maps onto PyTorch's ``exp_avg``, ``exp_avg_sq`` and ``step``.
+    The reference of every check: it starts nowhere else (no weights, state or gradient function of a
+    caller's), and goes on by copying itself (``branch``), so it is no Adam step to wrap.
     """
 
-    def __init__(self, w: np.ndarray, state: dict | None = None, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8):
-        self.param = torch.nn.Parameter(torch.tensor(np.asarray(w, dtype=np.float64)))
-        self.optimizer = torch.optim.Adam([self.param], lr=lr, betas=(beta1, beta2), eps=eps)
-        if state is not None and int(state["t"]) > 0:
-            self.optimizer.load_state_dict({
-                "state": {0: {"step": torch.tensor(float(int(state["t"])), dtype=torch.float64),
-                              "exp_avg": torch.tensor(np.asarray(state["m"], dtype=np.float64)),
-                              "exp_avg_sq": torch.tensor(np.asarray(state["v"], dtype=np.float64))}},
-                "param_groups": self.optimizer.state_dict()["param_groups"],
-            })
+    def __init__(self, seed: int, hp: dict):
+        self.problem = regression_problem(seed)
+        self.param = torch.nn.Parameter(torch.tensor(self.problem.w0, dtype=torch.float64))
+        self.optimizer = torch.optim.Adam([self.param], **_torch_hyper(hp))
 
     @property
     def w(self) -> np.ndarray:
@@ -94,14 +89,27 @@ class TorchAdam:
             return new_adam_state(self.w)
         return {"m": s["exp_avg"].numpy().copy(), "v": s["exp_avg_sq"].numpy().copy(), "t": int(s["step"])}
 
-    def step(self, grad: np.ndarray) -> None:
-        self.param.grad = torch.tensor(np.asarray(grad, dtype=np.float64))
-        self.optimizer.step()
+    def branch(self, hp: dict | None = None, fresh: bool = False) -> "_TorchReference":
+        """A copy that goes on from here: with other hyperparameters, or a new Adam on these weights."""
+        other = copy.deepcopy(self)
+        if fresh:
+            other.optimizer = torch.optim.Adam([other.param], **_torch_hyper(hp or {}))
+        elif hp is not None:
+            other.optimizer.param_groups[0].update(_torch_hyper(hp))
+        return other
 
-    def run(self, grad_fn, n: int) -> np.ndarray:
+    def advance(self, n: int, gradient: np.ndarray | None = None) -> np.ndarray:
+        """n steps on the problem's gradient at the current weights (or on one fixed gradient)."""
         for _ in range(n):
-            self.step(grad_fn(self.w))
+            g = self.problem.grad(self.w) if gradient is None else gradient
+            self.param.grad = torch.tensor(np.asarray(g, dtype=np.float64))
+            self.optimizer.step()
         return self.w
+
+
+def _torch_hyper(hp: dict) -> dict:
+    return {"lr": hp.get("lr", 1e-3), "betas": (hp.get("beta1", 0.9), hp.get("beta2", 0.999)),
+            "eps": hp.get("eps", 1e-8)}
 
 
 def hyper(**hp) -> dict:
@@ -131,15 +139,14 @@ def _as_state(state, like: np.ndarray, what: str) -> dict:
 
 def _problem_and_gradients(seed: int, steps: int, hp: dict):
     """The reference trajectory: weights, gradient and PyTorch's state before each step."""
-    problem = regression_problem(seed)
-    reference = TorchAdam(problem.w0, **hp)
+    reference = _TorchReference(seed, hp)
     trajectory = []
     for _ in range(steps):
         w, state = reference.w, reference.state
-        g = problem.grad(w)
-        reference.step(g)
+        g = reference.problem.grad(w)
+        reference.advance(1, g)
         trajectory.append((w, g, state, reference.w))
-    return problem, trajectory
+    return reference.problem, trajectory
 
 
 # ---- checks ----------------------------------------------------------------------------------
@@ -232,34 +239,25 @@ def _close(w: np.ndarray, expected: np.ndarray) -> bool:
     return float(np.max(np.abs(w - expected))) <= 1e-9 * max(1.0, float(np.max(np.abs(expected))))
 
 
-def _stale_gradient_run(w: np.ndarray, state: dict, n: int, grad_fn, hp: dict) -> np.ndarray:
-    """n steps of torch.optim.Adam that all use the gradient at the starting weights."""
-    adam, g = TorchAdam(w, state, **hp), grad_fn(w)
-    for _ in range(n):
-        adam.step(g)
-    return adam.w
-
-
 def _shown(hp: dict) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in hp.items()) or "none"
 
 
-def _what_train_n_steps_did(w: np.ndarray, w_start: np.ndarray, state_start: dict, n: int, grad_fn,
-                            hp: dict) -> str | None:
+def _what_train_n_steps_did(w: np.ndarray, start: _TorchReference, n: int, hp: dict) -> str | None:
     """Which mistake the weights after one call of train_n_steps match, if one does: each is replayed with
     torch.optim.Adam from where the call started."""
     candidates = [
-        (lambda: _stale_gradient_run(w_start, state_start, n, grad_fn, hp),
+        (lambda: start.branch().advance(n, start.problem.grad(start.w)),
          f"an Adam that used one and the same gradient, the one at the starting weights, for all {n} steps of "
          f"this call. Each step needs the gradient at the current weights: call grad_fn(w) in every step"),
-        (lambda: TorchAdam(w_start, state_start).run(grad_fn, n),
+        (lambda: start.branch(hp={}).advance(n),
          f"torch.optim.Adam with the default hyperparameters (lr=0.001, beta1=0.9, beta2=0.999, eps=1e-08), not "
          f"with the ones train_n_steps received ({_shown(hp)}). Pass them on to adam_step")
         if hp else None,
-        (lambda: TorchAdam(w_start, None, **hp).run(grad_fn, n),
+        (lambda: start.branch(hp, fresh=True).advance(n),
          "an Adam that started afresh (m = v = 0, t = 0) at this call, instead of continuing the state it was "
          "given. Step with that very dict, which adam_step updates in place")
-        if int(state_start["t"]) else None,
+        if int(start.state["t"]) else None,
     ]
     for replay, story in filter(None, candidates):
         if _close(w, replay()):
@@ -270,14 +268,14 @@ def _what_train_n_steps_did(w: np.ndarray, w_start: np.ndarray, state_start: dic
 @graded_check("train_n_steps continues from the state it is given and counts n steps")
 def check_train_n_steps(train_n_steps, seed: int = 0, first: int = 7, then: int = 13, **hp) -> None:
     hp = hyper(**hp)
-    problem = regression_problem(seed)
-    reference = TorchAdam(problem.w0, **hp)
+    reference = _TorchReference(seed, hp)
+    problem = reference.problem
     state = new_adam_state(problem.w0)
     w = problem.w0.copy()
     for n in (first, then):
-        w_start, state_start = reference.w, reference.state
+        start = reference.branch()
         w = _as_weights(train_n_steps(w, state, n, problem.grad, **hp), problem.w0, "train_n_steps")
-        expected = reference.run(problem.grad, n)
+        expected = reference.advance(n)
         done = int(reference.state["t"])
         _as_state(state, problem.w0, "after train_n_steps, the state")
         expect(int(state["t"]) == done,
@@ -288,7 +286,7 @@ def check_train_n_steps(train_n_steps, seed: int = 0, first: int = 7, then: int 
             continue
         evidence = (f"After {done} steps in total (this call: n={n}) the weights differ from torch.optim.Adam's by "
                     f"{float(np.max(np.abs(w - expected))):.2e}")
-        story = _what_train_n_steps_did(w, w_start, state_start, n, problem.grad, hp)
+        story = _what_train_n_steps_did(w, start, n, hp)
         if story:
             raise AssertionError(f"{evidence}, and they match {story}.")
         raise AssertionError(
@@ -300,10 +298,9 @@ def check_train_n_steps(train_n_steps, seed: int = 0, first: int = 7, then: int 
 
 
 def _trained(seed: int, k: int, hp: dict):
-    problem = regression_problem(seed)
-    reference = TorchAdam(problem.w0, **hp)
-    reference.run(problem.grad, k)
-    return problem, reference.w, reference.state
+    reference = _TorchReference(seed, hp)
+    reference.advance(k)
+    return reference.problem, reference.w, reference.state
 
 
 def _saved_here(save_checkpoint, path: str, w: np.ndarray, state: dict) -> dict:
@@ -549,8 +546,17 @@ def check_resume_from_full_checkpoint(resume_from_full_checkpoint, save_checkpoi
     if not np.array_equal(w, w_saved):
         raise AssertionError(f"The resumed weights differ from the saved ones ({_differs(w, w_saved)}). "
                              + "The round trip must be exact: keep float64.")
-    expected = TorchAdam(problem.w0, **hp).run(problem.grad, n)
-    resumed = TorchAdam(w, state, **hp).run(problem.grad, n - k)
+    expected = _TorchReference(seed, hp).advance(n)
+    # The resumed (w, state), continued by torch.optim.Adam: PyTorch's own state after k steps, given its values.
+    resumed_run = _TorchReference(seed, hp)
+    resumed_run.advance(k)
+    torch_state = resumed_run.optimizer.state[resumed_run.param]
+    with torch.no_grad():
+        for target, value in ((resumed_run.param, w), (torch_state["exp_avg"], state["m"]),
+                              (torch_state["exp_avg_sq"], state["v"])):
+            target.copy_(torch.tensor(np.asarray(value, dtype=np.float64)))
+        torch_state["step"].fill_(int(state["t"]))
+    resumed = resumed_run.advance(n - k)
     expect(np.array_equal(resumed, expected),
            f"After resuming at step {k} and training to step {n}, the weights differ from the uninterrupted "
            f"run by {float(np.max(np.abs(resumed - expected))):.2e}; they should be bitwise equal.")
@@ -572,7 +578,10 @@ def check_resume_from_weights_only(resume_from_weights_only, save_checkpoint, se
            f"{float(np.max(np.abs(state['v']))):.2e}. This function plays the mistake, so restore the weights only.")
     # What the restart predicts: with m-hat = g and v-hat = g*g, the first step is lr * sign(g) per coordinate.
     g = problem.grad(w)
-    after = TorchAdam(w, state, **hp).run(problem.grad, 1)
+    restarted = _TorchReference(seed, hp)          # a new torch.optim.Adam, its state as fresh as the resumed one
+    with torch.no_grad():
+        restarted.param.copy_(torch.tensor(np.asarray(w, dtype=np.float64)))
+    after = restarted.advance(1)
     eps = hp.get("eps", 1e-8)
     predicted = w - hp["lr"] * g / (np.abs(g) + eps)
     expect(np.allclose(after, predicted, rtol=0, atol=1e-12),

@@ -22,13 +22,12 @@ def test_checks_report_a_non_callable_answer():
 
 def test_weights_only_restart_moves_every_weight_by_lr():
     """The prediction the notebook plots, against torch.optim.Adam itself."""
-    problem = checks.regression_problem(0)
-    trained = checks.TorchAdam(problem.w0, lr=0.05)
-    w = trained.run(problem.grad, 40)
-    g = problem.grad(w)
-    restarted = checks.TorchAdam(w, lr=0.05).run(problem.grad, 1)
+    trained = checks._TorchReference(0, {"lr": 0.05})
+    w = trained.advance(40)
+    g = trained.problem.grad(w)
+    restarted = trained.branch({"lr": 0.05}, fresh=True).advance(1)
     np.testing.assert_allclose(np.abs(restarted - w), 0.05, rtol=1e-4)  # |g| >> eps
-    continued = checks.TorchAdam(w, trained.state, lr=0.05).run(problem.grad, 1)
+    continued = trained.branch().advance(1)
     assert np.all(np.abs(continued - w) < 0.05)
     assert np.array_equal(np.sign(w - restarted), np.sign(g))
 
@@ -51,9 +50,9 @@ def test_a_wrong_default_learning_rate_is_caught_by_the_hidden_call():
 
 def test_the_notebook_measures_how_much_larger_sqrt_v_hat_is_than_g():
     """Section 2's claim about the run that never stopped is printed from the run, not asserted in prose."""
-    problem = checks.regression_problem(0)
-    adam = checks.TorchAdam(problem.w0, lr=0.05)
-    adam.run(problem.grad, 150)
+    adam = checks._TorchReference(0, {"lr": 0.05})
+    problem = adam.problem
+    adam.advance(150)
     t = adam.state["t"]
     ratio = np.sqrt(adam.state["v"] / (1 - 0.999 ** t)) / np.abs(problem.grad(adam.w))
     assert ratio.min() > 100 and ratio.max() / ratio.min() > 10   # far larger, by no single factor

@@ -305,3 +305,37 @@ def test_the_search_tells_an_answer_from_another_exercises():
     """The harness itself (each exercise's test tries its right answer first): the right answer to another
     exercise, tried as a candidate is, answers nothing here."""
     assert not _answers_apart("06", "samples_per_update", _first_right("06", "window_digest"))
+
+
+# ---- wrapped forms: what an importable reference gives when adapted to the exercise's contract -----------
+
+def _reference_adam_step(w, g, state, **hp):
+    """notebook 02's adam_step, adapted from the checks' torch.optim.Adam reference: it starts only at the
+    seed's problem with a fresh state, so the adaptation can take neither these weights nor this state."""
+    from autograder.adam_resume import _TorchReference
+    reference = _TorchReference(0, hp)
+    w = reference.advance(1, g)
+    state.update(reference.state)
+    return w
+
+
+def _reference_train_n_steps(w, state, n, grad_fn, **hp):
+    from autograder.adam_resume import _TorchReference
+    reference = _TorchReference(0, hp)
+    w = reference.advance(n)
+    state.update(reference.state)
+    return w
+
+
+@pytest.mark.parametrize("exercise, wrapper", [("adam_step", _reference_adam_step),
+                                               ("train_n_steps", _reference_train_n_steps)])
+def test_the_adam_reference_wrapped_answers_nothing(exercise, wrapper):
+    assert _answers_apart("02", exercise, _first_right("02", exercise)), "the search does not see a right answer"
+    assert not _answers_apart("02", exercise, wrapper)
+
+
+def test_no_torch_adam_to_wrap_is_left():
+    """The checks' reference once took any (w, state) and stepped it: a thin wrapper answered adam_step."""
+    import autograder.adam_resume as module
+    assert not hasattr(module, "TorchAdam")
+    assert list(inspect.signature(module._TorchReference).parameters) == ["seed", "hp"]
