@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import nbformat
@@ -23,12 +22,12 @@ import pytest
 from autograder.contract import nbgrader_meta
 from autograder.course import REPO_ROOT
 from autograder.grading.cluster import course_resource
+from dask_support import start_scheduler
 from notebook_files import fill_answers, submit
 from test_class_grading import (ANSWERS, CELL_TIMEOUT, NAME, NBGRADER_CAN_GRADE, blank_course,  # noqa: F401
                                 by_nbgrader, copy_course, gradebook_rows)
 
 PYTHON = sys.executable
-DASK = str(Path(sys.executable).parent / "dask")
 KILLED_ONCE = "correct"        # its worker is killed in the middle of judging it, once
 POISON = "poison"              # every worker that judges it is killed
 POISON_DEATHS = 4              # two rounds of Dask's retries with allowed-failures = 1 (cluster.judge_remotely)
@@ -135,15 +134,9 @@ def cluster_graded(blank_course, tmp_path_factory):  # noqa: F811
     folder = tmp_path_factory.mktemp("cluster")
     # A task whose worker died twice is given up (Dask's default allows 3 deaths: the test waits less).
     env = dict(os.environ, DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES="1")
-    scheduler = _start([DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                        "--scheduler-file", str(folder / "scheduler.json")], folder / "scheduler.log", env=env)
+    scheduler, address = start_scheduler(folder, (folder / "scheduler.log").open("w"), env=env)
     started = [scheduler]
     try:
-        for _ in range(300):
-            if (folder / "scheduler.json").exists() and (folder / "scheduler.json").stat().st_size:
-                break
-            time.sleep(0.1)
-        address = json.loads((folder / "scheduler.json").read_text())["address"]
         started.append(_start([PYTHON, str(REPO_ROOT / "workbook.py"), "worker", address, "--nworkers", "2"],
                               folder / "workers.log"))
         other = _other_course(folder / "other")

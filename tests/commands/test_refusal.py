@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from nbgrader.api import Gradebook
 
 from autograder.commands import grade as class_grading
 from autograder.course import REPO_ROOT
+from dask_support import start_scheduler
 from notebook_files import run_nbgrader
 from test_class_grading import CELL_TIMEOUT, NAME, blank_course, copy_course  # noqa: F401
 
@@ -94,17 +94,8 @@ def test_nbgrader_autograde_says_what_confines_each_submission(blank_course, tmp
 
 
 def test_a_grading_worker_refuses_to_start_on_a_machine_without_a_protection(tmp_path):
-    dask = str(Path(sys.executable).parent / "dask")
-    scheduler = subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                                  "--scheduler-file", str(tmp_path / "scheduler.json")],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    scheduler, address = start_scheduler(tmp_path)
     try:
-        for _ in range(300):
-            if (tmp_path / "scheduler.json").exists() and (tmp_path / "scheduler.json").stat().st_size:
-                break
-            time.sleep(0.1)
-        import json
-        address = json.loads((tmp_path / "scheduler.json").read_text())["address"]
         worker = subprocess.run([sys.executable, str(REPO_ROOT / "workbook.py"), "worker", address, "--nworkers", "1",
                                  "--death-timeout", "20"], capture_output=True, text=True, timeout=240,
                                 env=dict(os.environ, **WITHOUT))
