@@ -119,21 +119,6 @@ def test_spawn_sends_a_notebook_defined_dataset_as_a_pickled_copy(monkeypatch):
     assert message and "drew exactly the same" in message
 
 
-def test_an_unanswered_exercise_reaches_the_grader_as_not_implemented():
-    """The grader says "not answered yet" only for NotImplementedError, so the checks let it through."""
-    def stub(worker_id):
-        raise NotImplementedError()
-
-    class StubDataset(torch.utils.data.Dataset):
-        def __init__(self, size):
-            raise NotImplementedError()
-
-    with pytest.raises(NotImplementedError):
-        checks.check_seed_worker_workers(stub)
-    with pytest.raises(NotImplementedError):
-        checks.check_LazyNoisyDataset_peek(StubDataset)
-
-
 def test_the_worker_seeds_read_through_public_api():
     """What section 2.2 shows without torch's private worker loop: get_worker_info().seed is base_seed +
     worker_id, Python's and torch's global RNGs start from it, NumPy's from a number of its own, and an epoch

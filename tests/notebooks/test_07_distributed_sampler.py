@@ -233,16 +233,6 @@ def test_an_exception_in_the_answer_names_the_inputs_that_caused_it():
     assert "committed=45" in message and "raised ZeroDivisionError" in message
 
 
-def test_an_unanswered_exercise_still_raises_not_implemented_error():
-    def stub(*args, **kwargs):
-        raise NotImplementedError()
-
-    with pytest.raises(NotImplementedError):
-        checks.check_epoch_order_permutation(stub)
-    with pytest.raises(NotImplementedError):
-        checks.check_resume_shards_padding(stub)
-
-
 def test_the_permutation_message_no_longer_says_the_global_rng_gives_another_order():
     """Reseeded with seed + epoch, torch's global RNG gives the sampler's order: the message for another order
     names the global RNG only in whatever state the process left it; the reseed has a message of its own."""
