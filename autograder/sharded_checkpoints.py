@@ -26,24 +26,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
 import functools
-import hashlib
-import json
 import os
 import re
 import shutil
 import signal
-import stat
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import torch
 
-from .checking import Remembered, expect, failing_if_raised, graded_check, observe, silence_this_process
-from .engine.forked_ranks import first_line, fork_ranks, join, leave_together, quiet_distributed, reap, schedule_job
+from .checking import Remembered, expect, failing_if_raised, graded_check, observe
+from .engine.file_operations import RenameWatch, folder_tree, inode_of, noting_renames_onto
+from .engine.forked_ranks import (fork_ranks, forked_report, quiet_distributed, rank_reports, reap, reporting_rank,
+                                  scheduled_jobs, warm_dcp)
 
 METADATA = ".metadata"
 POINTER = "latest"
@@ -93,24 +89,6 @@ def _scratch():
         yield run_dir
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _digests(folder: Path) -> dict[str, str]:
-    out = {}
-    if folder.is_dir():
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                out[str(path.relative_to(folder))] = hashlib.sha1(path.read_bytes()).hexdigest()
-    return out
-
-
-def _tree(run_dir: Path) -> dict[str, object]:
-    """Every entry of a run folder: step folders with their files' digests, other files with theirs."""
-    tree = {}
-    for entry in sorted(run_dir.iterdir()):
-        tree[entry.name] = (_digests(entry) if entry.is_dir() and not entry.is_symlink()
-                            else "symlink" if entry.is_symlink() else hashlib.sha1(entry.read_bytes()).hexdigest())
-    return tree
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +146,7 @@ def _expect_folder(got, expected: Path | None, situation: str, trap: str) -> Non
 
 
 def _expect_untouched(before: dict, run_dir: Path) -> None:
-    after = _tree(run_dir)
+    after = folder_tree(run_dir)
     gone = sorted(set(before) - set(after))
     changed = sorted(name for name in before if name in after and before[name] != after[name])
     expect(not gone and not changed,
@@ -184,7 +162,7 @@ def check_latest_checkpoint_committed(latest_checkpoint, seed: int = 0) -> None:
         good = _write_step(run_dir, 2 * base, seed)
         _write_step(run_dir, 4 * base, seed, "no_marker")
         _write_pointer(run_dir, good.name)
-        before = _tree(run_dir)
+        before = folder_tree(run_dir)
         got = _call_loader(latest_checkpoint, run_dir)
         _expect_folder(got, good, f"With {good.name} committed and step_{4 * base} holding every rank's shard but "
                        f"no .metadata (a rank was killed before the coordinator wrote it)",
@@ -197,7 +175,7 @@ def check_latest_checkpoint_committed(latest_checkpoint, seed: int = 0) -> None:
         empty = _write_step(run_dir, base + 2, seed, "empty_marker")
         truncated = _write_step(run_dir, base + 3 + seed % 2, seed, "truncated_marker")
         _write_pointer(run_dir, good.name)
-        before = _tree(run_dir)
+        before = folder_tree(run_dir)
         got = _call_loader(latest_checkpoint, run_dir)
         _expect_folder(got, good, f"With {good.name} committed, {empty.name} whose .metadata is empty (0 bytes) and "
                        f"{truncated.name} whose .metadata holds half of its bytes (a power cut after the marker's "
@@ -261,76 +239,20 @@ def _committed_folder(run_dir: Path, name: str) -> bool:
     return marker.is_file() and marker.stat().st_size > 0
 
 
-class _FileWatch:
-    """Patches os.fsync, os.fdatasync, os.replace, os.rename and os.symlink for one save_checkpoint call and
-    records each call, in order, as notebook 05's recorder does. A rename is recorded before it runs (a
-    failed one too); right after a rename onto ``latest`` it notes what the pointer holds, whether that folder
-    is committed and what the run folder holds; right after DCP's rename onto a ``.metadata`` (the commit), what
-    the run folder holds. ``fail_pointer``: a rename onto ``latest`` raises EIO instead (a failing disk). ``slow``:
-    an fsync called off the main thread waits first (a disk slower than the training loop; only a save running in
-    the background, such as dcp.async_save's, notices)."""
+def _watch(run_dir: Path, fail_pointer: bool = False, slow: float = 0.0) -> RenameWatch:
+    """Every fsync, rename and symlink of one save_checkpoint call, as notebook 05's recorder sees them (see
+    engine.file_operations.RenameWatch): right after a rename onto ``latest``, what the pointer holds, whether
+    that folder is committed and what the run folder holds; right after DCP's rename onto a ``.metadata`` (the
+    commit), what the run folder holds. ``fail_pointer``: a rename onto ``latest`` raises EIO instead."""
+    pointer = os.path.abspath(run_dir / POINTER)
 
-    def __init__(self, run_dir: Path, fail_pointer: bool = False, slow: float = 0.0):
-        self.run_dir, self.fail_pointer, self.slow = run_dir, fail_pointer, slow
-        self.pointer = os.path.abspath(run_dir / POINTER)
-        self.events: list[dict] = []
-        self._originals = {name: getattr(os, name) for name in ("fsync", "fdatasync", "replace", "rename", "symlink")
-                           if hasattr(os, name)}
-
-    def _sync(self, original):
-        def wrapper(fd):
-            if self.slow and threading.current_thread() is not threading.main_thread():
-                time.sleep(self.slow)
-            st = os.fstat(fd if isinstance(fd, int) else fd.fileno())
-            event = {"op": "fsync", "is_dir": stat.S_ISDIR(st.st_mode), "inode": [st.st_dev, st.st_ino],
-                     "size": st.st_size}
-            result = original(fd)
-            self.events.append(event)
-            return result
-        return wrapper
-
-    def _rename(self, original, call):
-        def wrapper(src, dst, *args, **kwargs):
-            event = {"op": "rename", "call": call, "src": os.path.abspath(os.fspath(src)),
-                     "dst": os.path.abspath(os.fspath(dst)), "ok": False}
-            self.events.append(event)
-            if self.fail_pointer and event["dst"] == self.pointer:
-                raise OSError(errno.EIO, "Input/output error (raised by the check's disk)", os.fspath(dst))
-            result = original(src, dst, *args, **kwargs)
-            event["ok"] = True
-            if event["dst"] == self.pointer:
-                held = _read_pointer(self.run_dir)
-                event.update(pointer=held, committed=_committed_folder(self.run_dir, held or ""),
-                             tree=_tree(self.run_dir))
-            elif os.path.basename(event["dst"]) == METADATA:
-                event["tree"] = _tree(self.run_dir)
-            return result
-        return wrapper
-
-    def _symlink(self, original):
-        def wrapper(src, dst, *args, **kwargs):
-            self.events.append({"op": "symlink", "src": os.fspath(src), "dst": os.path.abspath(os.fspath(dst))})
-            return original(src, dst, *args, **kwargs)
-        return wrapper
-
-    def __enter__(self):
-        for name, original in self._originals.items():
-            wrap = (self._sync(original) if name in ("fsync", "fdatasync") else
-                    self._symlink(original) if name == "symlink" else self._rename(original, name))
-            setattr(os, name, wrap)
-        return self
-
-    def __exit__(self, *exc):
-        for name, original in self._originals.items():
-            setattr(os, name, original)
-
-
-def _inode(path: Path):
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return [st.st_dev, st.st_ino]
+    def after_rename(dst: str) -> dict:
+        if dst == pointer:
+            held = _read_pointer(run_dir)
+            return {"pointer": held, "committed": _committed_folder(run_dir, held or ""),
+                    "tree": folder_tree(run_dir)}
+        return {"tree": folder_tree(run_dir)} if os.path.basename(dst) == METADATA else {}
+    return RenameWatch(after_rename, fail_onto=pointer if fail_pointer else None, slow=slow)
 
 
 def _load_folder(folder: Path, like: dict) -> dict | None:
@@ -359,7 +281,7 @@ def _loaded(run_dir: Path, like: dict) -> dict:
 def _watched_save(save_checkpoint, run_dir: Path, state: dict, step: int, in_a_child: bool = False,
                   **watch) -> dict:
     """One call, watched: its events, what it raised (if anything), and the run folder afterwards."""
-    with _FileWatch(run_dir, **watch) as watched:
+    with _watch(run_dir, **watch) as watched:
         try:
             save_checkpoint(state, str(run_dir), step)
             raised = None
@@ -369,37 +291,24 @@ def _watched_save(save_checkpoint, run_dir: Path, state: dict, step: int, in_a_c
             raised = f"{type(exc).__name__}: {exc}"
         except Exception as exc:
             raised = f"{type(exc).__name__}: {exc}"
-    return {"events": watched.events, "raised": raised, "tree": _tree(run_dir), "pointer": _read_pointer(run_dir),
-            "pointer_inode": _inode(run_dir / POINTER), "pointer_is_symlink": (run_dir / POINTER).is_symlink(),
-            "run_dir_inode": _inode(run_dir),
-            "inodes": {f"{name}/{METADATA}": _inode(run_dir / name / METADATA) for name in _tree(run_dir)}
-            | {name: _inode(run_dir / name) for name in _tree(run_dir)}}
+    return {"events": watched.events, "raised": raised, "tree": folder_tree(run_dir),
+            "pointer": _read_pointer(run_dir),
+            "pointer_inode": inode_of(run_dir / POINTER), "pointer_is_symlink": (run_dir / POINTER).is_symlink(),
+            "run_dir_inode": inode_of(run_dir),
+            "inodes": {f"{name}/{METADATA}": inode_of(run_dir / name / METADATA) for name in folder_tree(run_dir)}
+            | {name: inode_of(run_dir / name) for name in folder_tree(run_dir)}}
 
 
 def probe_saves(save_checkpoint, run_dir: str, states: list, steps: list) -> dict:
-    """save_checkpoint(states[i], run_dir, steps[i]) three times, each watched (see _FileWatch): the first in a
+    """save_checkpoint(states[i], run_dir, steps[i]) three times, each watched (see _watch): the first in a
     forked process (a job that ran before this one), the second here, the third here with the rename onto `latest`
     failing. Reports each call's events, what it raised, the run folder after it, and what each step folder loads
     as. Background fsyncs are slowed (a pointer moved before an async save's future is done is then seen early)."""
     quiet_distributed()
     run_dir = Path(run_dir)
-    handle, report_path = tempfile.mkstemp(prefix="first-save-", suffix=".json")
-    os.close(handle)
-    report_path = Path(report_path)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            silence_this_process()
-            report_path.write_text(json.dumps(_watched_save(save_checkpoint, run_dir, states[0], steps[0], slow=0.2,
-                                                            in_a_child=True)))
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    text = report_path.read_text()
-    first = json.loads(text) if text else {"raised": f"the process ended ({os.waitstatus_to_exitcode(status)})"}
-    report_path.unlink(missing_ok=True)
+    first, code = forked_report(_watched_save, save_checkpoint, run_dir, states[0], steps[0], slow=0.2,
+                                in_a_child=True)
+    first = first if first is not None else {"raised": f"the process ended ({code})"}
     second = _watched_save(save_checkpoint, run_dir, states[1], steps[1], slow=0.2)
     loaded = _loaded(run_dir, states[1])
     third = _watched_save(save_checkpoint, run_dir, states[2], steps[2], fail_pointer=True)
@@ -596,65 +505,26 @@ def _rows(tensor, rank: int, world_size: int):
     return (chunks[rank] if rank < len(chunks) else tensor[:0]).clone()
 
 
-def _saving_rank(save_checkpoint, rank: int, world_size: int, steps: list, seed: int, workdir: str) -> None:
-    code = 1
-    report = {"pointer_moves": 0, "error": None, "done": False}
-    try:
-        store = join(workdir, rank, world_size)
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import DTensor, Shard
-        mesh = init_device_mesh("cpu", (world_size,))
-        run_dir = os.path.join(workdir, "run")
-        pointer = os.path.abspath(os.path.join(run_dir, POINTER))
-        originals = {name: getattr(os, name) for name in ("replace", "rename", "symlink")}
+def _saving_rank(save_checkpoint, steps: list, seed: int, workdir: str, rank: int, world_size: int,
+                 report: dict) -> None:
+    """A rank of probe_saves_on_ranks (engine.forked_ranks.reporting_rank runs it): saves its rows of each
+    step's state, counting in ``report`` how many times it renamed something onto `latest`."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    mesh = init_device_mesh("cpu", (world_size,))
+    run_dir = os.path.join(workdir, "run")
+    pointer = os.path.abspath(os.path.join(run_dir, POINTER))
 
-        def counted(original):
-            def wrapper(src, dst, *args, **kwargs):
-                if os.path.abspath(os.fspath(dst)) == pointer:
-                    report["pointer_moves"] += 1
-                return original(src, dst, *args, **kwargs)
-            return wrapper
+    def moved():
+        report["pointer_moves"] += 1
 
-        for name, original in originals.items():
-            setattr(os, name, counted(original))
-        try:
-            for step in steps:
-                full = _state(seed, step)
-                model = {k: DTensor.from_local(_rows(v, rank, world_size), mesh, [Shard(0)], run_check=False,
-                                               shape=v.shape, stride=v.stride())
-                         for k, v in full["model"].items()}
-                save_checkpoint({"model": model, "train": dict(full["train"])}, run_dir, step)
-        finally:
-            for name, original in originals.items():
-                setattr(os, name, original)
-        report["done"] = True
-        code = 0
-    except BaseException as exc:
-        report["error"] = first_line(exc)
-    finally:
-        with contextlib.suppress(Exception):
-            Path(workdir, f"rank{rank}.json").write_text(json.dumps(report))
-        with contextlib.suppress(Exception):
-            leave_together(store, world_size)
-        os._exit(code)
-
-
-_warmed: list = []
-
-
-def _warm_dcp() -> None:
-    """One single-process DCP save and load in this process, once: what DCP imports and sets up at its first
-    save (fsspec, its planners) and DTensor at its first use (torch._dynamo) is then paid here, before the ranks
-    fork, and not in each of them."""
-    if not _warmed:
-        import torch._dynamo  # noqa: F401  (DTensor.from_local imports it at its first call)
-        import torch.distributed.checkpoint as dcp
-        import torch.distributed.tensor  # noqa: F401
-        with tempfile.TemporaryDirectory() as folder:
-            state = _state(0, 0)
-            dcp.save(state, checkpoint_id=os.path.join(folder, "step_0"))
-            dcp.load(state, checkpoint_id=os.path.join(folder, "step_0"))
-        _warmed.append(True)
+    with noting_renames_onto(pointer, moved):
+        for step in steps:
+            full = _state(seed, step)
+            model = {k: DTensor.from_local(_rows(v, rank, world_size), mesh, [Shard(0)], run_check=False,
+                                           shape=v.shape, stride=v.stride())
+                     for k, v in full["model"].items()}
+            save_checkpoint({"model": model, "train": dict(full["train"])}, run_dir, step)
 
 
 def probe_saves_on_ranks(save_checkpoint, world_size: int, steps: list, seed: int) -> dict:
@@ -662,17 +532,15 @@ def probe_saves_on_ranks(save_checkpoint, world_size: int, steps: list, seed: in
     state and calls save_checkpoint(state, run_dir, step) for each step. Per rank: how it ended, how many times
     it renamed something onto `latest`; per step folder: its files and whether it loads as the whole state."""
     quiet_distributed()
-    _warm_dcp()
+    warm_dcp(_state(0, 0))
     workdir = tempfile.mkdtemp(prefix="ranks-save-")
     try:
         os.mkdir(os.path.join(workdir, "run"))
-        pids = fork_ranks(_saving_rank, world_size, (save_checkpoint, world_size, steps, seed, workdir))
+        body = functools.partial(_saving_rank, save_checkpoint, steps, seed, workdir)
+        pids = fork_ranks(reporting_rank, world_size,
+                          (body, world_size, workdir, {"pointer_moves": 0, "error": None, "done": False}))
         codes = reap(pids, deadline=30.0)
-        ranks = []
-        for rank in range(world_size):
-            path = Path(workdir, f"rank{rank}.json")
-            ranks.append({"exit": codes[rank], **(json.loads(path.read_text()) if path.exists()
-                                                  else {"error": None, "done": False, "pointer_moves": 0})})
+        ranks = rank_reports(workdir, codes, {"error": None, "done": False, "pointer_moves": 0})
         run_dir = Path(workdir, "run")
         folders = {}
         for step in steps:
@@ -876,25 +744,9 @@ def probe_preemption(guard_class, world_size: int, steps: int) -> list[dict]:
     ``guard_class(save)`` and calling ``at_commit()`` after each update, under a scheduler process of its own
     that draws which rank(s) get a SIGTERM and in which update. Per job: the schedule it drew, the signals it
     sent, and per rank how it ended and its report."""
-    roots = [tempfile.mkdtemp(prefix="preempt-") for _ in JOBS]
-    try:
-        leaders = []
-        for job, workdir in zip(JOBS, roots):
-            pid = os.fork()
-            if pid == 0:
-                schedule_job(functools.partial(_guarded_rank, guard_class, steps), functools.partial(_draw, job, steps),
-                             world_size, workdir, job=job)
-            leaders.append(pid)
-        reap(leaders, deadline=40.0)
-        jobs = []
-        for job, workdir in zip(JOBS, roots):
-            path = Path(workdir, "job.json")
-            jobs.append(json.loads(path.read_text()) if path.exists() else
-                        {"job": job, "schedule": None, "sent": [], "ranks": []})
-        return jobs
-    finally:
-        for workdir in roots:
-            shutil.rmtree(workdir, ignore_errors=True)
+    return scheduled_jobs({job: (functools.partial(_guarded_rank, guard_class, steps),
+                                 functools.partial(_draw, job, steps)) for job in JOBS},
+                          world_size, deadline=40.0, prefix="preempt-")
 
 
 _preemptions = Remembered(keep=4)

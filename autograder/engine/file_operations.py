@@ -1,12 +1,18 @@
 """The file operations a call makes, recorded from inside the process that makes them: os.fsync and the
-renames, removals and links it calls, each with what a watched path held right after it."""
+renames, removals and links it calls, each with what a watched path held right after it (notebook 05's
+recorder; notebook 09's RenameWatch, which also sees failed renames and can fail one), and the snapshots of a
+folder the checks compare before and after a call."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
+import threading
+import time
+from pathlib import Path
 
 try:
     import fcntl
@@ -105,3 +111,112 @@ def recorded_file_operations(watch=None):
     finally:
         for (module, name), original in originals.items():
             setattr(module, name, original)
+
+
+class RenameWatch:
+    """Patches os.fsync, os.fdatasync, os.replace, os.rename and os.symlink for one call and records each call,
+    in order, in ``events``. Unlike recorded_file_operations, a rename is recorded before it runs, so a failed one
+    is seen too (``"ok": False``); right after one succeeds, ``after_rename(dst)`` may add to its event what the
+    folders hold then. ``fail_onto``: a rename onto that path raises EIO instead (a failing disk). ``slow``: an
+    fsync called off the main thread waits first (a disk slower than the training loop; only a save running in
+    the background, such as dcp.async_save's, notices)."""
+
+    def __init__(self, after_rename=None, fail_onto: str | None = None, slow: float = 0.0):
+        self.after_rename, self.fail_onto, self.slow = after_rename, fail_onto, slow
+        self.events: list[dict] = []
+        self._originals = {name: getattr(os, name) for name in ("fsync", "fdatasync", "replace", "rename", "symlink")
+                           if hasattr(os, name)}
+
+    def _sync(self, original):
+        def wrapper(fd):
+            if self.slow and threading.current_thread() is not threading.main_thread():
+                time.sleep(self.slow)
+            st = os.fstat(fd if isinstance(fd, int) else fd.fileno())
+            event = {"op": "fsync", "is_dir": stat.S_ISDIR(st.st_mode), "inode": [st.st_dev, st.st_ino],
+                     "size": st.st_size}
+            result = original(fd)
+            self.events.append(event)
+            return result
+        return wrapper
+
+    def _rename(self, original, call):
+        def wrapper(src, dst, *args, **kwargs):
+            event = {"op": "rename", "call": call, "src": os.path.abspath(os.fspath(src)),
+                     "dst": os.path.abspath(os.fspath(dst)), "ok": False}
+            self.events.append(event)
+            if self.fail_onto is not None and event["dst"] == self.fail_onto:
+                raise OSError(errno.EIO, "Input/output error (raised by the check's disk)", os.fspath(dst))
+            result = original(src, dst, *args, **kwargs)
+            event["ok"] = True
+            if self.after_rename is not None:
+                event.update(self.after_rename(event["dst"]))
+            return result
+        return wrapper
+
+    def _symlink(self, original):
+        def wrapper(src, dst, *args, **kwargs):
+            self.events.append({"op": "symlink", "src": os.fspath(src), "dst": os.path.abspath(os.fspath(dst))})
+            return original(src, dst, *args, **kwargs)
+        return wrapper
+
+    def __enter__(self):
+        for name, original in self._originals.items():
+            wrap = (self._sync(original) if name in ("fsync", "fdatasync") else
+                    self._symlink(original) if name == "symlink" else self._rename(original, name))
+            setattr(os, name, wrap)
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._originals.items():
+            setattr(os, name, original)
+
+
+@contextlib.contextmanager
+def noting_renames_onto(target: str, note):
+    """While it lasts, os.replace, os.rename and os.symlink call ``note()`` first whenever their destination is
+    ``target`` (an absolute path): how many times a process moved a pointer, counted inside that process."""
+    originals = {name: getattr(os, name) for name in ("replace", "rename", "symlink")}
+
+    def noting(original):
+        def wrapper(src, dst, *args, **kwargs):
+            if os.path.abspath(os.fspath(dst)) == target:
+                note()
+            return original(src, dst, *args, **kwargs)
+        return wrapper
+
+    for name, original in originals.items():
+        setattr(os, name, noting(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(os, name, original)
+
+
+def inode_of(path) -> list[int] | None:
+    """[device, inode] of the entry at ``path`` itself (a link's own), as JSON carries it; None when there is none."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """The digest of every regular file below ``folder`` (links skipped), by its path relative to it."""
+    out = {}
+    if folder.is_dir():
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                out[str(path.relative_to(folder))] = hashlib.sha1(path.read_bytes()).hexdigest()
+    return out
+
+
+def folder_tree(folder: Path) -> dict[str, object]:
+    """Every entry of ``folder``: a subfolder as its files' digests (file_digests), a link as "symlink", a file as
+    its digest. Two of them compared tell what a call deleted or changed there."""
+    tree = {}
+    for entry in sorted(folder.iterdir()):
+        tree[entry.name] = (file_digests(entry) if entry.is_dir() and not entry.is_symlink()
+                            else "symlink" if entry.is_symlink() else hashlib.sha1(entry.read_bytes()).hexdigest())
+    return tree

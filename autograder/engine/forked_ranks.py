@@ -1,5 +1,6 @@
 """Gloo ranks forked by a check, on one machine: joining a group through a file store, leaving it together,
-reaping them by a deadline, and a scheduler process that SIGTERMs chosen ranks at a chosen update.
+reaping them by a deadline and reading their reports, a scheduler process that SIGTERMs chosen ranks at a
+chosen update, a job forked before the probe's own (forked_report), and DCP warmed up before the ranks fork.
 
 Notebook 09's checks fork their ranks (and their scheduler) from a probe, where the learner's code lives;
 the ranks' bodies, what they train and report, are the check module's.
@@ -12,8 +13,10 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -90,6 +93,27 @@ def reap(pids: list[int], deadline: float) -> dict[int, object]:
             os.waitpid(pid, 0)
             codes[i] = "killed at the deadline"
     return codes
+
+
+def reporting_rank(body, rank: int, world_size: int, workdir: str, report: dict) -> None:
+    """A rank that reports however it ends (fork_ranks runs it): joins the job's gloo group and runs
+    ``body(rank, world_size, report)``, which fills ``report`` in as it goes; then sets report["done"], or
+    report["error"] (first_line) when it raised, writes it to rank<r>.json and leaves with the others."""
+    code, store = 1, None
+    try:
+        store = join(workdir, rank, world_size)
+        body(rank, world_size, report)
+        report["done"] = True
+        code = 0
+    except BaseException as exc:
+        report["error"] = first_line(exc)
+    finally:
+        with contextlib.suppress(Exception):
+            Path(workdir, f"rank{rank}.json").write_text(json.dumps(report))
+        if store is not None:
+            with contextlib.suppress(Exception):
+                leave_together(store, world_size)
+        os._exit(code)
 
 
 # ---- a scheduler and its ranks ---------------------------------------------------------------------
@@ -197,3 +221,79 @@ def schedule_job(body, draw, world_size: int, workdir: str, **record) -> None:
         code = 0
     finally:
         os._exit(code)
+
+
+def scheduled_jobs(jobs: dict, world_size: int, deadline: float, prefix: str = "scheduled-") -> list[dict]:
+    """Every job of ``jobs`` ({name: (body, draw)}) at once, each under a scheduler process of its own (see
+    schedule_job) in a folder of its own, removed afterwards; the schedulers are reaped by ``deadline`` seconds.
+    Per job, in order, what its job.json holds (``{"job": name, ...}``), or, when its scheduler wrote none,
+    ``{"job": name, "schedule": None, "sent": [], "ranks": []}``."""
+    roots = [tempfile.mkdtemp(prefix=prefix) for _ in jobs]
+    try:
+        leaders = []
+        for (job, (body, draw)), workdir in zip(jobs.items(), roots):
+            pid = os.fork()
+            if pid == 0:
+                schedule_job(body, draw, world_size, workdir, job=job)
+            leaders.append(pid)
+        reap(leaders, deadline=deadline)
+        reports = []
+        for job, workdir in zip(jobs, roots):
+            path = Path(workdir, "job.json")
+            reports.append(json.loads(path.read_text()) if path.exists() else
+                           {"job": job, "schedule": None, "sent": [], "ranks": []})
+        return reports
+    finally:
+        for workdir in roots:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def rank_reports(workdir: str, codes: dict, missing: dict) -> list[dict]:
+    """Per rank of ``codes`` (reap's exit codes): its exit code and the report it wrote to rank<r>.json, or
+    ``missing`` when it wrote none."""
+    reports = []
+    for rank in range(len(codes)):
+        path = Path(workdir, f"rank{rank}.json")
+        reports.append({"exit": codes[rank], **(json.loads(path.read_text()) if path.exists() else missing)})
+    return reports
+
+
+def forked_report(task, *args, **kwargs) -> tuple[object | None, int]:
+    """``task(*args, **kwargs)`` in a forked, silenced process (a job that ran before this one: nothing it
+    leaves in memory stays here); what it returned, through JSON, or None when it returned nothing (it raised
+    or was killed), and its exit code."""
+    handle, report_path = tempfile.mkstemp(prefix="forked-report-", suffix=".json")
+    os.close(handle)
+    report_path = Path(report_path)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                silence_this_process()
+                report_path.write_text(json.dumps(task(*args, **kwargs)))
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        text = report_path.read_text()
+        return (json.loads(text) if text else None), os.waitstatus_to_exitcode(status)
+    finally:
+        report_path.unlink(missing_ok=True)
+
+
+_warmed: list = []
+
+
+def warm_dcp(state: dict) -> None:
+    """One single-process DCP save and load of ``state`` in this process, once: what DCP imports and sets up at
+    its first save (fsspec, its planners) and DTensor at its first use (torch._dynamo) is then paid here, before
+    the ranks fork, and not in each of them."""
+    if not _warmed:
+        import torch._dynamo  # noqa: F401  (DTensor.from_local imports it at its first call)
+        import torch.distributed.checkpoint as dcp
+        import torch.distributed.tensor  # noqa: F401
+        with tempfile.TemporaryDirectory() as folder:
+            dcp.save(state, checkpoint_id=os.path.join(folder, "step_0"))
+            dcp.load(state, checkpoint_id=os.path.join(folder, "step_0"))
+        _warmed.append(True)
