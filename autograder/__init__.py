@@ -16,7 +16,6 @@ processes.
 import importlib
 import importlib.machinery
 import sys
-import types
 
 __version__ = "0.1.0"
 
@@ -28,36 +27,17 @@ if "jsonschema" not in sys.modules:
     sys.modules.setdefault("rfc3987_syntax", None)
 
 
-# Modules that moved when the package was laid out by role, under their old names, for what outside
-# this repository may still name them: an instructor's own copy of nbgrader_config.py, console scripts
-# of an environment installed before. Each is imported on first use only.
+# Modules under the names they had before they moved, for what outside this repository may still name
+# them: a released notebook's cells (engine/ and demos/), an instructor's own copy of nbgrader_config.py,
+# console scripts of an environment installed before. The old name is the very same module object as the
+# new (fresh_process._SERVER exists once), imported on first use only, so ``import autograder`` stays cheap.
 MOVED = {
-    "nbgrader_judge": "autograder.grading.nbgrader_plugins",
-    "nbgrader_feedback": "autograder.grading.nbgrader_plugins",
-    "notebook_runner": "autograder.contract",
-    "selfcheck": "autograder.commands.check",
-    "class_grading": "autograder.commands.grade",
-    "classroom": "autograder.commands.demo",
-}
-
-
-class _MovedModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):     # tools that walk sys.modules (inspect) must not import it
-            raise AttributeError(name)
-        return getattr(importlib.import_module(self.__moved_to__), name)
-
-
-for _old, _new in MOVED.items():
-    _alias = _MovedModule(f"{__name__}.{_old}", f"Moved to {_new}.")
-    _alias.__moved_to__ = _new
-    sys.modules.setdefault(_alias.__name__, _alias)
-
-
-# Modules a released notebook imports under their old top-level names, now in engine/ and demos/. The
-# old name is the very same module object as the new (fresh_process._SERVER exists once), imported on
-# first use only, so ``import autograder`` stays cheap.
-RENAMED = {
+    "autograder.nbgrader_judge": "autograder.grading.nbgrader_plugins",
+    "autograder.nbgrader_feedback": "autograder.grading.nbgrader_plugins",
+    "autograder.notebook_runner": "autograder.contract",
+    "autograder.selfcheck": "autograder.commands.check",
+    "autograder.class_grading": "autograder.commands.grade",
+    "autograder.classroom": "autograder.commands.demo",
     "autograder.fresh_process": "autograder.engine.fresh_process",
     "autograder.portable": "autograder.engine.portable",
     "autograder.rank_server": "autograder.engine.rank_server",
@@ -69,15 +49,15 @@ RENAMED = {
 
 
 class _Renamed:
-    """A finder and loader for the names of RENAMED (a plain class: importlib.abc costs 8 ms to import)."""
+    """A finder and loader for the old names of MOVED (a plain class: importlib.abc costs 8 ms to import)."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in RENAMED:
+        if fullname not in MOVED:
             return None
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec):
-        module = importlib.import_module(RENAMED[spec.name])
+        module = importlib.import_module(MOVED[spec.name])
         spec.loader_state = module.__spec__
         return module
 
