@@ -22,7 +22,7 @@ import tempfile
 import numpy as np
 import torch
 
-from .engine import fresh_process
+from .engine import fresh_process, travel
 from .checking import expect, graded_check, observe, type_name
 from .grading.sandbox import learner_exception
 from .grading.server import describe_exception
@@ -359,8 +359,8 @@ def _no_file_at_path(name: str, elsewhere: list[str]) -> str:
 
 def _saving(save_checkpoint, path: str, w: np.ndarray, state: dict) -> tuple:
     """In a forked child: save; what the save raised (None when nothing), and the files it wrote outside
-    the checkpoint's folder (see fresh_process.recording_writes_outside)."""
-    outside = fresh_process.recording_writes_outside(os.path.dirname(path))
+    the checkpoint's folder (see engine.travel.recording_writes_outside)."""
+    outside = travel.recording_writes_outside(os.path.dirname(path))
     try:
         save_checkpoint(path, w, state)
     except Exception as exc:
@@ -436,7 +436,7 @@ def probe_resume_after_save(save_checkpoint, resume, path: str, w: np.ndarray, s
     elsewhere = tempfile.mkdtemp(dir=folder)
     try:
         moved = tempfile.mkdtemp(dir=elsewhere)
-        fresh_process.copy_regular_files(folder, moved)
+        travel.copy_regular_files(folder, moved)
         copy = seen["resumed_at"] = os.path.join(moved, name)
         try:
             seen["resumed"] = resuming.run(copy, readable=[moved], timeout=timeout, preload=__name__)
@@ -466,7 +466,7 @@ def _not_on_disk(seen: dict, saved, what: str, full: bool) -> str:
     return (f"The checkpoint was not really on disk: the resume in a fresh process found only the file, and "
             f"{what}(path) {did} there. Saved and resumed within one process, the same functions give back "
             f"what was saved: the state went through memory or another file, not through the checkpoint. "
-            f"{fresh_process.what_did_not_travel(seen, 'save_checkpoint', what)}After a crash only the file "
+            f"{travel.what_did_not_travel(seen, 'save_checkpoint', what)}After a crash only the file "
             f"is left; write everything into it.")
 
 

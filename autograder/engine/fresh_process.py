@@ -47,9 +47,7 @@ import traceback
 from typing import Callable
 
 from . import portable
-# Where the confinement and the checks' file helpers live now; fresh_process.<name> still reaches them.
-from .confinement import _READABLE, _landlock_abi, _seccomp_program, confine, readable_roots  # noqa: F401
-from .travel import copy_regular_files, recording_writes_outside, stat_is_regular, what_did_not_travel  # noqa: F401
+from .confinement import _READABLE, _landlock_abi, _seccomp_program, confine, readable_roots
 
 # Bound when this module is imported (before any submitted code runs in a sandbox): the interpreter that
 # starts the server, where this package lives, and the little of the environment it keeps.
