@@ -291,12 +291,12 @@ def _watched_save(save_checkpoint, run_dir: Path, state: dict, step: int, in_a_c
             raised = f"{type(exc).__name__}: {exc}"
         except Exception as exc:
             raised = f"{type(exc).__name__}: {exc}"
-    return {"events": watched.events, "raised": raised, "tree": folder_tree(run_dir),
-            "pointer": _read_pointer(run_dir),
+    tree = folder_tree(run_dir)      # every file's digest: read once
+    return {"events": watched.events, "raised": raised, "tree": tree, "pointer": _read_pointer(run_dir),
             "pointer_inode": inode_of(run_dir / POINTER), "pointer_is_symlink": (run_dir / POINTER).is_symlink(),
             "run_dir_inode": inode_of(run_dir),
-            "inodes": {f"{name}/{METADATA}": inode_of(run_dir / name / METADATA) for name in folder_tree(run_dir)}
-            | {name: inode_of(run_dir / name) for name in folder_tree(run_dir)}}
+            "inodes": {f"{name}/{METADATA}": inode_of(run_dir / name / METADATA) for name in tree}
+            | {name: inode_of(run_dir / name) for name in tree}}
 
 
 def probe_saves(save_checkpoint, run_dir: str, states: list, steps: list) -> dict:
@@ -537,10 +537,10 @@ def probe_saves_on_ranks(save_checkpoint, world_size: int, steps: list, seed: in
     try:
         os.mkdir(os.path.join(workdir, "run"))
         body = functools.partial(_saving_rank, save_checkpoint, steps, seed, workdir)
-        pids = fork_ranks(reporting_rank, world_size,
-                          (body, world_size, workdir, {"pointer_moves": 0, "error": None, "done": False}))
+        blank = {"pointer_moves": 0, "error": None, "done": False}     # a report before it runs, or when none came
+        pids = fork_ranks(reporting_rank, world_size, (body, world_size, workdir, blank))
         codes = reap(pids, deadline=30.0)
-        ranks = rank_reports(workdir, codes, {"error": None, "done": False, "pointer_moves": 0})
+        ranks = rank_reports(workdir, codes, blank)
         run_dir = Path(workdir, "run")
         folders = {}
         for step in steps:
