@@ -15,7 +15,6 @@ runs the check (see "what the learner's resume_equivalent is handed" below).
 
 from __future__ import annotations
 
-import copy
 import io
 import math
 import os
@@ -26,7 +25,7 @@ from torch import nn
 
 from .engine import fresh_process
 from .checking import expect, graded_check, max_abs_diff, observe
-from .helpers import regression_data
+from .helpers import regression_data, state_copy
 
 # How a run writes its checkpoint, and how a resume rebuilds it. Each scenario of the notebook (a "policy")
 # pairs one of each: two correct ones, one per trap the notebook names, and two that test the comparison
@@ -83,21 +82,6 @@ def _seed(seed: int) -> None:
     call under a notebook's check, and the checks seed runs hundreds of times). Only the CPU generator's
     state travels (_ask)."""
     torch.default_generator.manual_seed(seed)
-
-
-def _copied(value):
-    """copy.deepcopy of a state dict, five times faster: tensors cloned, containers rebuilt (an OrderedDict
-    with its _metadata, which load_state_dict reads), anything else deep-copied."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        copied = type(value)((key, _copied(item)) for key, item in value.items())
-        if hasattr(value, "_metadata"):
-            copied._metadata = copy.deepcopy(value._metadata)
-        return copied
-    if type(value) in (list, tuple):
-        return type(value)(_copied(item) for item in value)
-    return copy.deepcopy(value)
 
 
 class AccumulationRun:
@@ -180,7 +164,7 @@ class AccumulationRun:
             in_flight = self.position % self.config["accum_steps"]
             state["gradients"] = {name: p.grad for name, p in self.model.named_parameters() if p.grad is not None}
             state["in_flight_ids"] = [self.microbatch_ids(p) for p in range(self.position - in_flight, self.position)]
-        return _copied(state)  # state_dict() hands out live tensors: copy them at the commit
+        return state_copy(state)  # state_dict() hands out live tensors: copy them at the commit
 
     def checkpoint(self) -> bytes:
         writes = CHECKPOINTING[self._writes]

@@ -33,7 +33,7 @@ from .engine.fresh_runs import preserved_rngs, scramble_rngs
 from .checking import Remembered, expect, graded_check, load_written, observe
 from .grading.sandbox import learner_exception
 from .engine.travel import copy_regular_files, recording_writes_outside, what_did_not_travel
-from .helpers import watch
+from .helpers import state_copy, watch
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -175,23 +175,13 @@ def snapshot(trainer: Trainer) -> dict:
     """Copies of every component's state, to compare two trainers."""
     return {
         "model": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
-        "optimizer": _clone(trainer.optimizer.state_dict()),
-        "scheduler": _clone(trainer.scheduler.state_dict()),
+        "optimizer": state_copy(trainer.optimizer.state_dict()),
+        "scheduler": state_copy(trainer.scheduler.state_dict()),
         "scaler": dict(trainer.scaler.state_dict()),
         "epoch": trainer.epoch,
         "step": trainer.step,
         **rng_fingerprints(),
     }
-
-
-def _clone(value):
-    if torch.is_tensor(value):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_clone(v) for v in value)
-    return value
 
 
 # ---- a fresh process -------------------------------------------------------------------------

