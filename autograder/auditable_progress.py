@@ -20,7 +20,7 @@ import random
 
 import torch
 
-from .checking import expect, failing_if_raised, graded_check
+from .checking import expect, failing_if_raised, first_difference, graded_check
 from .data_ledger import reference_audit
 from .distributed_sampler import interleave, sampler_shards
 from .demos.token_streams import (budget_batches, chunked_batches, doc_starts, document_lengths, packed_batches,
@@ -215,13 +215,14 @@ def _read_plan(resume_plan, lengths, old, new, offsets, inputs_judged: bool = Fa
     with failing_if_raised(call):
         plan = resume_plan(given, new[0], new[1])
     if inputs_judged and given != saved:
-        changed = next(i for i, (a, b) in enumerate(zip(given, saved)) if a != b)
+        at = first_difference(given, saved)
+        changed = (f"saved_states[{at}] reads {given[at]!r:.100} afterwards instead of {saved[at]!r:.100}"
+                   if at < min(len(given), len(saved)) else
+                   f"the list holds {len(given)} saved states afterwards instead of {len(saved)}")
         raise AssertionError(
-            f"{call} changed the saved states it was given: saved_states[{changed}]['offsets'] names "
-            f"{len(given[changed]['offsets'])} partitions afterwards instead of its own "
-            f"{len(saved[changed]['offsets'])} (a ledger built on one of them, not on a copy, writes every other "
-            f"owner's offsets into it). They are the crashed job's record: a second resume, or an audit, reads "
-            f"them again.")
+            f"{call} changed the saved states it was given: {changed} (a ledger built on one of them, not on a "
+            f"copy, writes every other owner's offsets into it). They are the crashed job's record: a second "
+            f"resume, or an audit, reads them again.")
     owners = owners_of(*new)
     try:
         plan = [[(int(p), int(o)) for p, o in owner] for owner in plan]

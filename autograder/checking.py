@@ -181,11 +181,32 @@ def load_written(path):
         return torch.load(path, weights_only=True)
 
 
+def placed_path(returned, folder: str) -> tuple[str, str]:
+    """Where a path the learner's code returned points, judged as text and never looked up: ("not a path",
+    type name) for neither a str nor an os.PathLike of one, ("relative", it) for a relative path (never
+    resolved against this process's working folder: in the grader, the course folder), ("inside", it
+    relative to ``folder``) for an absolute path inside ``folder`` (spelled as given or resolved), and
+    ("outside", it) for any other absolute path. So a verdict made from it says nothing about what exists
+    anywhere else."""
+    try:
+        given = os.fspath(returned)
+    except TypeError:
+        return "not a path", type_name(returned)
+    if not isinstance(given, str):
+        return "not a path", type_name(given)
+    if not os.path.isabs(given):
+        return "relative", given
+    path = os.path.normpath(given)
+    for root in dict.fromkeys((os.path.normpath(folder), os.path.realpath(folder))):
+        if os.path.commonpath([root, path]) == root:
+            return "inside", os.path.relpath(path, root)
+    return "outside", given
+
+
 def returned_path(returned, expected: str, folder: str) -> tuple[str, str]:
     """How a path the learner's code returned compares with ``expected``, a file in the check's own
-    ``folder``, judged as data: never resolved against this process's working folder (in the grader, the
-    course folder), and looked up on disk only inside ``folder``. So the verdict, and the message made
-    from it, say nothing about what exists anywhere else. Returns (verdict, shown):
+    ``folder``: judged as text (``placed_path``), and looked up on disk only inside ``folder``. Returns
+    (verdict, shown):
 
     * ("same", name): it is ``expected`` (lexically, or the same file inside ``folder``);
     * ("name", shown): a relative path that is ``expected``'s file name: the name, not the path;
@@ -194,27 +215,18 @@ def returned_path(returned, expected: str, folder: str) -> tuple[str, str]:
     * ("outside", shown): an absolute path outside ``folder``;
     * ("not a path", type name): neither a str nor an os.PathLike of one.
     """
+    verdict, shown = placed_path(returned, folder)
+    if verdict == "relative" and os.path.normpath(shown) == os.path.basename(expected):
+        return "name", shown
+    if verdict != "inside":
+        return verdict, shown
+    if shown == os.path.relpath(os.path.normpath(expected), os.path.normpath(folder)):
+        return "same", shown
     try:
-        given = os.fspath(returned)
-    except TypeError:
-        return "not a path", type_name(returned)
-    if not isinstance(given, str):
-        return "not a path", type_name(given)
-    if not os.path.isabs(given):
-        return ("name" if os.path.normpath(given) == os.path.basename(expected) else "relative"), given
-    path = os.path.normpath(given)
-    for root in dict.fromkeys((os.path.normpath(folder), os.path.realpath(folder))):
-        if os.path.commonpath([root, path]) == root:
-            inside = os.path.relpath(path, root)
-            if path == os.path.normpath(expected) or (root != os.path.normpath(folder) and
-                                                      inside == os.path.relpath(expected, folder)):
-                return "same", inside
-            try:
-                same = os.path.samefile(path, expected)      # a link inside the folder, say
-            except (OSError, ValueError):
-                same = False
-            return ("same" if same else "inside"), inside
-    return "outside", given
+        same = os.path.samefile(os.fspath(returned), expected)      # a link inside the folder, say
+    except (OSError, ValueError):
+        same = False
+    return ("same" if same else "inside"), shown
 
 
 def error_text(exc: BaseException) -> str:
@@ -251,3 +263,10 @@ def silence_this_process() -> None:
 def max_abs_diff(a, b) -> float:
     """Largest absolute difference between two same-shaped tensors, as a float."""
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+def first_difference(a, b) -> int | None:
+    """The first index at which two sequences differ (the shorter one's length where one is a prefix of the
+    other), or None where they are equal: where a message points."""
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return None if at == len(a) == len(b) else at

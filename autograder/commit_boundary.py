@@ -469,12 +469,12 @@ def _verdict(resume_equivalent, policy: str, seed: int, accum_steps: int, total:
 
 
 def _catches(resume_equivalent, policy: str, seed: int, accum_steps: int, total: int, crash_at: int,
-             trap: str) -> None:
+             trap: str, hint: str = "") -> None:
     verdict = _verdict(resume_equivalent, policy, seed, accum_steps, total, crash_at)
     expect(not verdict,
            f"With a crash after microbatch {crash_at} of {total} ({accum_steps} per update), a resume that "
            f"{trap} ends with different weights than the uninterrupted run, yet resume_equivalent returned "
-           f"True.")
+           f"True.{hint}")
 
 
 @graded_check("resume_equivalent accepts a correct resume (at the commit boundary and mid-update)")
@@ -509,13 +509,11 @@ def check_resume_equivalent_catches_unrestored_rng(resume_equivalent, seed: int 
     # draw from a generator that has moved on, which shows the bug even to a check in one process.
     if crash_at % accum_steps:
         raise ValueError("crash_at must be at an update boundary for this check")
-    verdict = _verdict(resume_equivalent, "unrestored_rng", seed, accum_steps, total, crash_at)
-    expect(not verdict,
-           f"A resume that never restores torch's global RNG (so dropout draws different masks after a real "
-           f"restart) passed resume_equivalent (crash after microbatch {crash_at} of {total}). Inside one "
-           f"process the global generator simply carries on where the crashed run left it, and hides the "
-           f"bug. A new process would not: what does your check do to the RNG between the crash and the "
-           f"resume?")
+    _catches(resume_equivalent, "unrestored_rng", seed, accum_steps, total, crash_at,
+             "never restores torch's global RNG (so dropout draws different masks after a real restart)",
+             " Inside one process the global generator simply carries on where the crashed run left it, and "
+             "hides the bug. A new process would not: what does your check do to the RNG between the crash and "
+             "the resume?")
 
 
 @graded_check("resume_equivalent catches a resume with a changed seed")

@@ -64,6 +64,21 @@ def read_notebook(path: Path):
     return nb, None
 
 
+class Scored:
+    """A graded whole's totals: the sums over its parts (each with ``points`` and ``max_points``), the
+    attribute ``PARTS`` names (a notebook's test cells, a platform result's rows)."""
+
+    PARTS = ""
+
+    @property
+    def score(self) -> float:
+        return sum(part.points for part in getattr(self, self.PARTS))
+
+    @property
+    def max_score(self) -> float:
+        return sum(part.max_points for part in getattr(self, self.PARTS))
+
+
 def score_test_cell(cell) -> tuple[float, float]:
     """(points, max points) of a test cell by nbgrader's rule (``nbgrader.utils.determine_grade``):
     zero when it shows an error or writes to stderr, else full marks. Importing nbgrader takes

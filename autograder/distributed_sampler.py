@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from torch.utils.data.distributed import DistributedSampler
 
-from .checking import expect, graded_check, observe
+from .checking import expect, first_difference, graded_check, observe
 from .helpers import changed_global_rngs, describe_rng_change, probe_global_rngs
 
 
@@ -329,7 +329,7 @@ def check_resume_shards_global_order(resume_shards, seed: int = 0) -> None:
                 first_time.append(i)
         expected = [i for i in r.remaining if i in seen]
         if first_time != expected:
-            at = next(k for k, (a, b) in enumerate(zip(first_time, expected)) if a != b)
+            at = first_difference(first_time, expected)
             raise AssertionError(
                 f"{r.call}: read globally (rank 0's first, rank 1's first, ..., then everyone's second), the "
                 f"remaining positions come in another order than the epoch's: continuation position {at} is index "

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from .checking import Remembered, expect, failing_if_raised, graded_check, observe
+from .checking import Remembered, expect, failing_if_raised, graded_check, observe, placed_path
 from .engine.file_operations import RenameWatch, folder_tree, inode_of, noting_renames_onto
 from .engine.forked_ranks import (fork_ranks, forked_report, quiet_distributed, rank_reports, reap, reporting_rank,
                                   scheduled_jobs, warm_dcp)
@@ -95,24 +95,15 @@ def _scratch():
 # latest_checkpoint
 
 def judged_path(result, run_dir: Path) -> tuple[str, Path | None]:
-    """What a returned path names, judged as text and never looked up (issue 24, principle 6; kept here
-    until checking.py has the shared helper): ('none', None), ('not_a_path', None), ('name', None) for a
-    relative path, ('outside', None) for an absolute path outside ``run_dir``, or ('inside', the path
-    rewritten onto ``run_dir`` as the check spells it)."""
+    """What a returned path names, judged as text and never looked up (``checking.placed_path``): ('none',
+    None), ('not_a_path', None), ('name', None) for a relative path, ('outside', None) for an absolute path
+    outside ``run_dir``, or ('inside', the path rewritten onto ``run_dir`` as the check spells it)."""
     if result is None:
         return "none", None
-    if not isinstance(result, (str, os.PathLike)):
-        return "not_a_path", None
-    text = os.fspath(result)
-    if not isinstance(text, str):
-        return "not_a_path", None
-    if not os.path.isabs(text):
-        return "name", None
-    text = os.path.normpath(text)
-    for root in {os.path.normpath(run_dir), os.path.realpath(run_dir)}:   # the check's own folder, both spellings
-        if os.path.commonpath([text, root]) == root:
-            return "inside", Path(run_dir) / os.path.relpath(text, root)
-    return "outside", None
+    kind, shown = placed_path(result, str(run_dir))
+    if kind == "inside":
+        return "inside", Path(run_dir) / shown
+    return {"not a path": "not_a_path", "relative": "name"}.get(kind, kind), None
 
 
 def _call_loader(latest_checkpoint, run_dir: Path):

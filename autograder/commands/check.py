@@ -37,7 +37,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-from autograder.contract import (DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS, exercise_of, failure_message,
+from autograder.contract import (DEFAULT_CELL_TIMEOUT, KERNEL_EXTRA_ARGUMENTS, Scored, exercise_of, failure_message,
                                  is_answer_cell, is_test_cell, nbgrader_meta, read_notebook, score_test_cell)
 from autograder.course import RELEASE_DIR, SOLUTIONS_DIR, STUDENT_DISTRIBUTION, matching
 
@@ -58,20 +58,14 @@ class TestResult:
 
 
 @dataclasses.dataclass
-class NotebookResult:
+class NotebookResult(Scored):
+    PARTS = "tests"
+
     path: str
     assignment: str
     tests: list[TestResult]
     error: str | None = None  # a problem with the notebook as a whole
     executed: object = dataclasses.field(default=None, repr=False)  # the run notebook, for tests
-
-    @property
-    def score(self) -> float:
-        return sum(t.points for t in self.tests)
-
-    @property
-    def max_score(self) -> float:
-        return sum(t.max_points for t in self.tests)
 
     @property
     def passed(self) -> bool:

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.contract import DEFAULT_CELL_TIMEOUT, exercise_of, is_answer_cell, is_test_cell, nbgrader_meta, \
-    read_notebook, score_test_cell
+from autograder.contract import DEFAULT_CELL_TIMEOUT, Scored, exercise_of, is_answer_cell, is_test_cell, \
+    nbgrader_meta, read_notebook, score_test_cell
 
 CONFIG = "grading.json"                  # the package's settings, written by autograder.commands.package
 ROOT_VARIABLE = "WORKBOOK_PLATFORM_ROOT"   # where the platform's folder is: /autograder, /grade (tests: a temp folder)
@@ -80,7 +80,9 @@ class Row:
 
 
 @dataclasses.dataclass
-class Outcome:
+class Outcome(Scored):
+    PARTS = "rows"
+
     status: str                 # GRADED, NOT_GRADABLE, REFUSED, OUT_OF_TIME or FAILED
     rows: list[Row]
     summary: str                # for the learner
@@ -88,14 +90,6 @@ class Outcome:
     confinement: dict = dataclasses.field(default_factory=dict)
     unconfined: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
-
-    @property
-    def score(self) -> float:
-        return sum(r.points for r in self.rows)
-
-    @property
-    def max_score(self) -> float:
-        return sum(r.max_points for r in self.rows)
 
 
 # ---- the submission: found and prepared --------------------------------------------------------------
