@@ -33,6 +33,14 @@ class Notebook:
     def check_module(self) -> str:
         return f"autograder.{self.checks}"
 
+    @property
+    def check_modules(self) -> tuple[str, ...]:
+        """The check module and, where it is a package (one module per exercise), each of its modules: read
+        from the file tree, so a module added there is guarded in the sandbox without another list."""
+        package = Path(__file__).resolve().parent / self.checks
+        parts = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__") if package.is_dir() else []
+        return (self.check_module, *(f"{self.check_module}.{part}" for part in parts))
+
     def source(self, root: Path = SOLUTIONS_DIR) -> Path:
         return root / self.folder / f"{self.folder}.ipynb"
 
@@ -56,7 +64,7 @@ CHECK_SUPPORT = ("autograder.checking", "autograder.helpers", "autograder.contra
                  "autograder.engine.portable", "autograder.engine.fresh_process", "autograder.engine.fresh_runs",
                  "autograder.engine.confinement", "autograder.engine.travel", "autograder.engine.crash_trials",
                  "autograder.engine.file_operations", "autograder.engine.forked_ranks")
-CHECK_MODULES = tuple(notebook.check_module for notebook in NOTEBOOKS)
+CHECK_MODULES = tuple(name for notebook in NOTEBOOKS for name in notebook.check_modules)
 
 
 def matching(selectors: list[str], known: list[str], command: str, where: str = "") -> list[str]:

@@ -15,6 +15,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from autograder import sharded_checkpoints as checks
+from autograder.sharded_checkpoints import preemption
 from autograder import sharded_demo
 from autograder.engine import forked_ranks
 from autograder.atomic_writes import recorded_file_operations
@@ -207,7 +208,7 @@ def test_a_guard_reading_the_schedule_from_the_frames_finds_none():
     from fixtures.sharded_checkpoints_impls import GuardReadsTheSchedule
     message = failure_of(checks.check_preemption_guard_same_boundary, GuardReadsTheSchedule)
     assert "No rank stopped" in message
-    source = inspect.getsource(checks._guarded_rank) + inspect.getsource(forked_ranks.rank_process)
+    source = inspect.getsource(preemption._guarded_rank) + inspect.getsource(forked_ranks.rank_process)
     assert not re.search(r"\bnotice\b|\bschedule\b", source)
 
 

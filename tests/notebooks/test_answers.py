@@ -42,8 +42,9 @@ def test_every_solution_folder_has_a_registry_entry_and_every_entry_a_folder():
 def test_every_check_is_called_by_a_test_cell_and_every_exercise_has_right_answers(key):
     """A check function no test cell calls is dead; a test cell's call that no fixture goes through is
     untested (and would be absent from the judge's faithfulness test too)."""
+    module = checks_module(key).__name__        # a package's checks live in its modules (course.check_modules)
     defined = {name for name, f in inspect.getmembers(checks_module(key), inspect.isfunction)
-               if name.startswith("check_") and f.__module__ == checks_module(key).__name__}
+               if name.startswith("check_") and (f.__module__ == module or f.__module__.startswith(module + "."))}
     assert defined == set(checks_of(key))
     exercised = set()
     for answer in right_answers(key):
