@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from autograder import atomic_writes as checks
+from autograder.atomic_writes import atomic_save as atomic_save_checks
 from autograder.engine import crash_trials as trial_engine
 from check_outcomes import failing_checks, failure_of
 from fixtures import atomic_writes_impls as impls
@@ -118,7 +119,7 @@ def test_torch_behaviour_the_notebook_teaches(tmp_path):
     path = tmp_path / "model.pt"
     torch.save({"w": torch.zeros(1000)}, path)
     with pytest.raises(Exception):
-        torch.save({"w": torch.zeros(1000), "bad": checks._FailsToSerialize()}, path)
+        torch.save({"w": torch.zeros(1000), "bad": atomic_save_checks._FailsToSerialize()}, path)
     with pytest.raises(RuntimeError):  # the failed save already destroyed the old checkpoint
         torch.load(path, weights_only=True)
     (tmp_path / "empty.pt").write_bytes(b"")
