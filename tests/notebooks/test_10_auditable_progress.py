@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from autograder import auditable_progress as checks
+from autograder.auditable_progress import judge_deviation
 from autograder.token_streams import (PackedStream, ShardedStream, budget_batches, chunked_batches, collate_blocks,
                                       document_lengths, pack_spans, packed_batches, trained_spans)
 from check_outcomes import failure_of
@@ -92,8 +93,8 @@ def test_a_stream_owner_lists_every_partition_it_owns_once_iteration_starts():
 
 def test_the_checks_hand_the_learner_no_scenario_label():
     """Issue 24, principle 4: every judge_deviation report has the same strata, whatever the case."""
-    reports = [checks._sound_reports(s) for s in (0, 2)]
-    assert all(set(r["strata"]) == set(checks.STRATA) for pair in reports for r in pair)
+    reports = [judge_deviation._sound_reports(s) for s in (0, 2)]
+    assert all(set(r["strata"]) == set(judge_deviation.STRATA) for pair in reports for r in pair)
 
 
 def test_checks_report_a_non_callable_answer_and_an_unanswered_one():
