@@ -26,7 +26,7 @@ def _judge(judge_deviation, report, inputs_judged: bool = False) -> dict:
     if inputs_judged and given != report:
         name = next((n for n in report["strata"] if given.get("strata", {}).get(n) != report["strata"][n]), None)
         raise AssertionError(
-            f"judge_deviation changed the report it was judging"
+            "judge_deviation changed the report it was judging"
             + (f": stratum {name!r} reads {given['strata'].get(name)!r:.120} afterwards instead of "
                f"{report['strata'][name]!r:.120}" if name else "")
             + ". The audit is the evidence the verdict rests on: whoever reads it next (a second look, the "
