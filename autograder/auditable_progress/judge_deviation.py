@@ -46,6 +46,21 @@ def _unit_and_batch(rng) -> tuple[str, int]:
     return rng.choice((("tokens", 2_048), ("tokens", 4_096), ("samples", 64), ("samples", 256)))
 
 
+SIZES = {"web": 100_000, "code": 10_000, "curated": 2}   # each stratum's expected positions, in global batches
+
+
+def _audit(unit: str, batch: int, **defects) -> dict:
+    """A report of STRATA, each SIZES[name] global batches long; defects[name] = (replayed, recomputed,
+    omitted, explained), none where not given."""
+    return _report(unit, batch, {name: (size * batch, *defects.get(name, (0, 0, 0, 0)))
+                                 for name, size in SIZES.items()})
+
+
+def _case(seed: int) -> tuple[random.Random, str, int]:
+    rng = random.Random(seed)
+    return (rng, *_unit_and_batch(rng))
+
+
 def _sound_reports(seed: int) -> list[dict]:
     rng = random.Random(seed)
     reports = []
@@ -53,9 +68,7 @@ def _sound_reports(seed: int) -> list[dict]:
         unit, batch = _unit_and_batch(rng)
         split = rng.randint(batch // 4, 3 * batch // 4)
         tail = rng.randint(1, 7)                           # a drop_last tail the policy explains
-        reports.append(_report(unit, batch, {"web": (100_000 * batch, 0, split, tail, tail),
-                                             "code": (10_000 * batch, 0, batch - split, 0, 0),
-                                             "curated": (2 * batch, 0, 0, 0, 0)}))
+        reports.append(_audit(unit, batch, web=(0, split, tail, tail), code=(0, batch - split, 0, 0)))
     return reports
 
 
@@ -72,11 +85,9 @@ def check_judge_deviation_accepts(judge_deviation, seed: int = 0) -> None:
 
 @graded_check("judge_deviation rejects any replay of committed positions, in every stratum however small")
 def check_judge_deviation_replay(judge_deviation, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    unit, batch = _unit_and_batch(rng)
-    replayed, small = rng.randint(8, 40), 2 * batch
-    report = _report(unit, batch, {"web": (100_000 * batch, 0, batch // 2, 0, 0), "code": (10_000 * batch, 0, 0, 0, 0),
-                                   "curated": (small, replayed, 0, 0, 0)})
+    rng, unit, batch = _case(seed)
+    replayed, small = rng.randint(8, 40), SIZES["curated"] * batch
+    report = _audit(unit, batch, web=(0, batch // 2, 0, 0), curated=(replayed, 0, 0, 0))
     verdict = _judge(judge_deviation, report)
     total = sum(s["expected"] for s in report["strata"].values())
     expect(not verdict["ok"],
@@ -88,11 +99,9 @@ def check_judge_deviation_replay(judge_deviation, seed: int = 0) -> None:
 
 @graded_check("judge_deviation rejects omissions that the documented policy does not explain")
 def check_judge_deviation_omission(judge_deviation, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    unit, batch = _unit_and_batch(rng)
+    rng, unit, batch = _case(seed)
     omitted, explained = rng.randint(2, min(30, batch - 8)), rng.randint(1, 7)
-    report = _report(unit, batch, {"web": (100_000 * batch, 0, 0, omitted + explained, explained),
-                                   "code": (10_000 * batch, 0, 0, 0, 0), "curated": (2 * batch, 0, 0, 0, 0)})
+    report = _audit(unit, batch, web=(0, 0, omitted + explained, explained))
     verdict = _judge(judge_deviation, report)
     expect(not verdict["ok"],
            f"judge_deviation accepted an audit with {omitted} unexplained omissions ({_strata_text(report)}): a gap "
@@ -104,12 +113,9 @@ def check_judge_deviation_omission(judge_deviation, seed: int = 0) -> None:
 
 @graded_check("judge_deviation allows at most one uncommitted global batch recomputed, summed over strata")
 def check_judge_deviation_recompute(judge_deviation, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    unit, batch = _unit_and_batch(rng)
+    _, unit, batch = _case(seed)
     for recomputed in ((batch, batch // 2, 0), (batch // 2 + 1, batch // 4, batch // 4)):
-        report = _report(unit, batch, {"web": (100_000 * batch, 0, recomputed[0], 0, 0),
-                                       "code": (10_000 * batch, 0, recomputed[1], 0, 0),
-                                       "curated": (2 * batch, 0, recomputed[2], 0, 0)})
+        report = _audit(unit, batch, **{name: (0, r, 0, 0) for name, r in zip(SIZES, recomputed)})
         verdict = _judge(judge_deviation, report)
         expect(not verdict["ok"],
                f"judge_deviation accepted {sum(recomputed):,} recomputed {report['unit']} after a crash "
@@ -119,12 +125,10 @@ def check_judge_deviation_recompute(judge_deviation, seed: int = 0) -> None:
 
 @graded_check("judge_deviation measures duplicate and omission rates per stratum")
 def check_judge_deviation_rates(judge_deviation, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    unit, batch = _unit_and_batch(rng)
-    strata = {"web": (100_000 * batch, rng.randint(1, 50), batch // 3, rng.randint(10, 90), 5),
-              "code": (10_000 * batch, 0, batch // 3, 0, 0),
-              "curated": (2 * batch, rng.randint(1, 20), batch // 4, 0, 0)}
-    report = _report(unit, batch, strata)
+    rng, unit, batch = _case(seed)
+    report = _audit(unit, batch, web=(rng.randint(1, 50), batch // 3, rng.randint(10, 90), 5),
+                    code=(0, batch // 3, 0, 0), curated=(rng.randint(1, 20), batch // 4, 0, 0))
+    strata = {name: tuple(s.values()) for name, s in report["strata"].items()}
     verdict = _judge(judge_deviation, report)
     rates = verdict["rates"]
     expect(isinstance(rates, dict) and set(rates) == set(strata),
