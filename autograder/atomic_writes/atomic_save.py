@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-
 from ..checking import expect, graded_check, observe
 from ..helpers import changed_global_rngs, describe_rng_change
 from .checkpoints import CHECKPOINT_NAME, PRIVATE_TMP, TEMP_SUFFIX, _tempfile_folder_of, classify, make_checkpoint

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
 from ..checking import expect, failing_if_raised, graded_check, placed_path
 from ..engine.file_operations import folder_tree
 from .folders import POINTER, _scratch, _write_pointer, _write_step

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 
-
 from ..checking import expect, failing_if_raised, graded_check
 
 

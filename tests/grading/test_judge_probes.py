@@ -5,11 +5,10 @@ sandbox. A submission that disables training while the probe runs (so its live v
 patches shared code: the judge puts it back and scores the test zero, naming what was changed.
 """
 
-
 import nbformat
-from autograder.course import SOLUTIONS_DIR
 
 from autograder import complete_checkpoint
+from autograder.course import SOLUTIONS_DIR
 from autograder.grading.judge import judge_notebook
 
 SOLUTIONS = SOLUTIONS_DIR
