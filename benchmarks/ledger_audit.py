@@ -23,12 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "support"))   # the fixtures, imported as the tests import them
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from autograder.data_ledger import _scale_case  # noqa: E402
-from tests.fixtures.data_ledger_impls import audit, audit_numpy, audit_per_sample_sets  # noqa: E402
+from fixtures.data_ledger_impls import audit, audit_numpy, audit_per_sample_sets  # noqa: E402
 
 TARGET = 10**9
 
