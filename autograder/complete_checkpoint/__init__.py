@@ -28,12 +28,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from .engine import fresh_process, fresh_runs
-from .engine.fresh_runs import preserved_rngs, scramble_rngs
-from .checking import Remembered, expect, graded_check, load_written, observe
-from .grading.sandbox import learner_exception
-from .engine.travel import copy_regular_files, recording_writes_outside, what_did_not_travel
-from .helpers import state_copy, watch
+from ..engine import fresh_process, fresh_runs
+from ..engine.fresh_runs import preserved_rngs, scramble_rngs
+from ..checking import Remembered, expect, graded_check, load_written, observe
+from ..grading.sandbox import learner_exception
+from ..engine.travel import copy_regular_files, recording_writes_outside, what_did_not_travel
+from ..helpers import state_copy, watch
 
 from torchdata.stateful_dataloader import StatefulDataLoader
 
