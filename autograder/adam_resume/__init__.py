@@ -22,10 +22,10 @@ import tempfile
 import numpy as np
 import torch
 
-from .engine import fresh_process, travel
-from .checking import expect, graded_check, observe, type_name
-from .grading.sandbox import learner_exception
-from .grading.server import describe_exception
+from ..engine import fresh_process, travel
+from ..checking import expect, graded_check, observe, type_name
+from ..grading.sandbox import learner_exception
+from ..grading.server import describe_exception
 
 ULPS = 16  # a single Adam step: textbook and PyTorch forms differ by at most a few ulps
 
