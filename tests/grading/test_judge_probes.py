@@ -7,7 +7,7 @@ patches shared code: the judge puts it back and scores the test zero, naming wha
 
 import nbformat
 
-from autograder import complete_checkpoint
+from autograder.complete_checkpoint import experiment
 from autograder.course import SOLUTIONS_DIR
 from autograder.grading.judge import judge_notebook
 
@@ -104,9 +104,9 @@ def test_freezing_training_on_the_objects_the_probe_hands_over_fails_naming_it()
 def test_consecutive_test_cells_share_the_submissions_names_as_in_a_kernel(monkeypatch):
     """Notebook 03's four load checks share one resume experiment per argument set, in graded mode too."""
     runs = []
-    real = complete_checkpoint.run_resume_experiment
-    monkeypatch.setattr(complete_checkpoint, "run_resume_experiment", lambda *a, **k: runs.append(a[2:]) or real(*a, **k))
-    complete_checkpoint._RECENT_EXPERIMENTS.clear()
+    real = experiment.run_resume_experiment
+    monkeypatch.setattr(experiment, "run_resume_experiment", lambda *a, **k: runs.append(a[2:]) or real(*a, **k))
+    experiment._RECENT_EXPERIMENTS.clear()
     nb = nbformat.read(SOLUTIONS / "03_complete_checkpoint" / "03_complete_checkpoint.ipynb", as_version=4)
     verdicts = judge_notebook(nb, cell_seconds=120).verdicts
     assert [v.grade_id for v in verdicts if not (v.passed and v.outside)] == []

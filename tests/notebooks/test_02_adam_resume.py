@@ -9,6 +9,8 @@ import torch
 
 from autograder import adam_resume as checks
 from autograder import complete_checkpoint
+from autograder.adam_resume.problem import _TorchReference
+from autograder.engine import fresh_process
 from autograder.course import NOTEBOOKS
 from check_outcomes import failure_of
 from fixtures import adam_resume_impls as impls
@@ -22,7 +24,7 @@ def test_checks_report_a_non_callable_answer():
 
 def test_weights_only_restart_moves_every_weight_by_lr():
     """The prediction the notebook plots, against torch.optim.Adam itself."""
-    trained = checks._TorchReference(0, {"lr": 0.05})
+    trained = _TorchReference(0, {"lr": 0.05})
     w = trained.advance(40)
     g = trained.problem.grad(w)
     restarted = trained.branch({"lr": 0.05}, fresh=True).advance(1)
@@ -50,7 +52,7 @@ def test_a_wrong_default_learning_rate_is_caught_by_the_hidden_call():
 
 def test_the_notebook_measures_how_much_larger_sqrt_v_hat_is_than_g():
     """Section 2's claim about the run that never stopped is printed from the run, not asserted in prose."""
-    adam = checks._TorchReference(0, {"lr": 0.05})
+    adam = _TorchReference(0, {"lr": 0.05})
     problem = adam.problem
     adam.advance(150)
     t = adam.state["t"]
@@ -130,7 +132,7 @@ def test_a_save_that_ends_its_process_is_reported():
 def test_without_fork_the_round_trip_runs_in_one_process(monkeypatch):
     """Where there is no fork (Windows), the save runs in the checking process: correct formats still pass,
     and a checkpoint that only keeps references still fails (weaker: copies kept in memory would pass)."""
-    monkeypatch.setattr(checks.fresh_process, "AVAILABLE", False)
+    monkeypatch.setattr(fresh_process, "AVAILABLE", False)
     assert lost_checks("02", impls.CORRECT["save_checkpoint"][0]) == {}
     message = failure_of(lambda _: checks.check_resume_from_full_checkpoint(
         impls.resume_full_in_memory, impls.save_in_memory), None)

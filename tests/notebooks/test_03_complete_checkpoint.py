@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from autograder import complete_checkpoint as checks
+from autograder.complete_checkpoint import experiment
+from autograder.engine import fresh_process
 from autograder.helpers import nothing_allowlisted
 from autograder.course import NOTEBOOKS
 from check_outcomes import failure_of
@@ -99,13 +101,13 @@ def test_a_hanging_fresh_process_is_stopped_and_reported():
 
 def test_without_fork_the_checks_still_grade(monkeypatch):
     """Windows has no fork: the resume then runs in this process, RNGs scrambled, and is still judged."""
-    monkeypatch.setattr(checks.fresh_process, "AVAILABLE", False)
-    checks._RECENT_EXPERIMENTS.clear()
+    monkeypatch.setattr(fresh_process, "AVAILABLE", False)
+    experiment._RECENT_EXPERIMENTS.clear()
     assert failure_of(lambda _: checks.check_load_checkpoint(impls.make_load(), impls.make_save()), None) is None
     message = failure_of(lambda _: checks.check_load_checkpoint_rng(
         impls.make_load(), impls.make_save(omit=("numpy_rng",))), None)
     assert "NumPy's global RNG" in message
-    checks._RECENT_EXPERIMENTS.clear()
+    experiment._RECENT_EXPERIMENTS.clear()
 
 
 def test_an_allowlist_registered_here_does_not_make_the_checkpoint_loadable():
@@ -163,12 +165,12 @@ def test_the_save_cannot_tell_which_check_calls_it(tmp_path):
         impls.save_complete(path, trainer)
 
     assert failure_of(checks.check_save_checkpoint, save) is None
-    checks._RECENT_EXPERIMENTS.clear()
+    experiment._RECENT_EXPERIMENTS.clear()
     assert failure_of(lambda _: checks.check_load_checkpoint_rng(impls.load_complete, save), None) is None
-    checks._RECENT_EXPERIMENTS.clear()
+    experiment._RECENT_EXPERIMENTS.clear()
     paths = log.read_text().split()
-    assert len(paths) == 2 and {checks.os.path.basename(p) for p in paths} == {"checkpoint.pt"}
-    assert all(checks.os.path.basename(checks.os.path.dirname(p)).startswith("tmp") for p in paths)
+    assert len(paths) == 2 and {os.path.basename(p) for p in paths} == {"checkpoint.pt"}
+    assert all(os.path.basename(os.path.dirname(p)).startswith("tmp") for p in paths)
 
 
 # ---- a fresh process is fresh: it shares no memory and no temp storage with the process that saved -------

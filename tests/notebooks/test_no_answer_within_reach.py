@@ -321,7 +321,7 @@ def test_the_search_tells_an_answer_from_another_exercises():
 def _reference_adam_step(w, g, state, **hp):
     """notebook 02's adam_step, adapted from the checks' torch.optim.Adam reference: it starts only at the
     seed's problem with a fresh state, so the adaptation can take neither these weights nor this state."""
-    from autograder.adam_resume import _TorchReference
+    from autograder.adam_resume.problem import _TorchReference
     reference = _TorchReference(0, hp)
     w = reference.advance(1, g)
     state.update(reference.state)
@@ -329,7 +329,7 @@ def _reference_adam_step(w, g, state, **hp):
 
 
 def _reference_train_n_steps(w, state, n, grad_fn, **hp):
-    from autograder.adam_resume import _TorchReference
+    from autograder.adam_resume.problem import _TorchReference
     reference = _TorchReference(0, hp)
     w = reference.advance(n)
     state.update(reference.state)
@@ -347,5 +347,6 @@ def test_the_adam_reference_wrapped_answers_nothing(exercise, wrapper):
 def test_no_torch_adam_to_wrap_is_left():
     """The checks' reference once took any (w, state) and stepped it: a thin wrapper answered adam_step."""
     import autograder.adam_resume as module
+    from autograder.adam_resume.problem import _TorchReference
     assert not hasattr(module, "TorchAdam")
-    assert list(inspect.signature(module._TorchReference).parameters) == ["seed", "hp"]
+    assert list(inspect.signature(_TorchReference).parameters) == ["seed", "hp"]
