@@ -6,7 +6,6 @@ judge's memory watchdog, autogroup), whichever runs the suite: the protections t
 outcome must not.
 """
 
-import ctypes
 import os
 import stat
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.grading import cgroups, protections, scratch
+from autograder.grading import protections, scratch
 from autograder.grading.sandbox import Limits, Sandbox, SandboxDied, readable_paths
 from notebook_files import ROOT
 

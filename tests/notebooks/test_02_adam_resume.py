@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from autograder import adam_resume as checks
-from autograder import complete_checkpoint
 from autograder.adam_resume.problem import _TorchReference
-from autograder.engine import fresh_process
 from autograder.course import NOTEBOOKS
+from autograder.engine import fresh_process
 from check_outcomes import failure_of
 from fixtures import adam_resume_impls as impls
 from notebook_checks import lost_checks
