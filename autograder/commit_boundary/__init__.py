@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .engine import fresh_process
-from .checking import expect, graded_check, max_abs_diff, observe
-from .helpers import regression_data, state_copy
+from ..engine import fresh_process
+from ..checking import expect, graded_check, max_abs_diff, observe
+from ..helpers import regression_data, state_copy
 
 # How a run writes its checkpoint, and how a resume rebuilds it. Each scenario of the notebook (a "policy")
 # pairs one of each: two correct ones, one per trap the notebook names, and two that test the comparison
