@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from .checking import Remembered, error_text, expect, failing_if_raised, graded_check, observe
-from .engine.portable import portable
+from ..checking import Remembered, error_text, expect, failing_if_raised, graded_check, observe
+from ..engine.portable import portable
 
 # ---------------------------------------------------------------------------------------------
 # Start method
