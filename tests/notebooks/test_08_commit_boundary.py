@@ -12,6 +12,7 @@ import torch
 from autograder import commit_boundary as checks
 from autograder.commit_boundary import (BROKEN_POLICIES, CHECKPOINTING, CORRECT_POLICIES, POLICIES, RESUMING,
                                         new_run_factory, run_with_a_crash, uninterrupted_run)
+from autograder.commit_boundary import training_loop
 from autograder.course import NOTEBOOKS
 from check_outcomes import failure_of
 from fixtures import commit_boundary_impls as impls
@@ -64,10 +65,10 @@ def test_transaction_refuses_gradients_from_a_different_data_order():
     new_run, _ = new_run_factory(policy="transaction")
     crashed = new_run()
     crashed.train(11)
-    state = checks._from_bytes(crashed.checkpoint())
+    state = training_loop._from_bytes(crashed.checkpoint())
     state["config"]["seed"] += 1
     with pytest.raises(RuntimeError, match="data order changed"):
-        checks.AccumulationRun.resume(checks._to_bytes(state))
+        checks.AccumulationRun.resume(training_loop._to_bytes(state))
 
 
 def test_checks_leave_the_learners_rng_alone():
