@@ -1,5 +1,6 @@
 """The registry is the course: every notebook in it appears in the README's table and in notebook 00's
-map, each link opens the released notebook, and the authoring guide points nowhere outside the repository."""
+map, each link opens the released notebook, the authoring guide points nowhere outside the repository, and
+every file of it that they name is there."""
 
 import re
 
@@ -32,3 +33,17 @@ def test_authoring_md_links_nothing_outside_the_repository():
     assert not re.search(r"https?://|\.\./", text)
     for target in re.findall(r"\]\(([^)#]+)", text):
         assert (REPO_ROOT / target).exists(), target
+
+
+def test_every_file_of_the_repository_a_notebook_or_the_guides_name_exists():
+    """A notebook that sends the learner to `autograder/...py` (or the README and AUTHORING.md to a module)
+    names a file that is there: a module that became a package moves its code."""
+    texts = {name: (REPO_ROOT / name).read_text() for name in ("README.md", "AUTHORING.md")}
+    for notebook in NOTEBOOKS:
+        nb = nbformat.read(notebook.source(), as_version=4)
+        texts[notebook.folder] = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    named = {(where, path) for where, text in texts.items()
+             for path in re.findall(r"`((?:autograder|tests|tools|benchmarks)/[\w/]+\.py)`", text)}
+    assert named, "no file named: the pattern finds nothing"
+    missing = [(where, path) for where, path in sorted(named) if "NN_" not in path and not (REPO_ROOT / path).exists()]
+    assert missing == []
