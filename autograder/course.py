@@ -61,7 +61,8 @@ NOTEBOOKS = (
 
 # What check modules build on; shared by every notebook's checks, so guarded like them in the sandbox.
 CHECK_SUPPORT = ("autograder.checking", "autograder.helpers", "autograder.contract",
-                 "autograder.engine.portable", "autograder.engine.fresh_process", "autograder.engine.fresh_runs",
+                 "autograder.engine.portable", "autograder.engine.fresh_process", "autograder.engine.fresh_server",
+                 "autograder.engine.fresh_wire", "autograder.engine.fresh_runs",
                  "autograder.engine.confinement", "autograder.engine.travel", "autograder.engine.crash_trials",
                  "autograder.engine.file_operations", "autograder.engine.forked_ranks")
 CHECK_MODULES = tuple(name for notebook in NOTEBOOKS for name in notebook.check_modules)

@@ -34,7 +34,9 @@ Only the scheduling differs:
   holds all its scores and its files are unchanged since (``grading.json``).
 
 ``grade_submission`` is the one function that grades one student's submission
-(``run_class(..., grade=...)`` takes another).
+(``run_class(..., grade=...)`` takes another). This module is the command: which submissions
+to grade, the grading record, the cluster's workers, the summary. ``submission`` grades one
+submission, ``class_run`` runs the grading children.
 
 Afterwards it prints, for each test cell (one trap each), how many students lost it
 and with which failure message, and saves the table and a bar chart under
@@ -44,346 +46,28 @@ and with which failure message, and saves the table and a bar chart under
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
-import multiprocessing
-import multiprocessing.connection
 import os
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
-import nbformat
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.apps.autogradeapp import AutogradeApp
-from nbgrader.converters import Autograde
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
-from traitlets import Integer
 
-from autograder.contract import DEFAULT_CELL_TIMEOUT, read_notebook, with_tools_on_path
+from autograder.contract import DEFAULT_CELL_TIMEOUT, with_tools_on_path
 from autograder.course import matching
-from autograder.grading import protections, sandbox, zygote
-from autograder.grading.nbgrader_plugins import JudgeInSandbox
+from autograder.grading import protections, sandbox
 
-from .check import CellRunner
+# The children and the one submission they each grade; every name they had here still imports from here.
+from .class_run import INTERRUPT_GRACE, Interrupted, Progress, run_class  # noqa: F401
+from .submission import (DATABASE_LOCKED, RobustExecute, SubmissionJob, SubmissionOutcome,  # noqa: F401
+                         grade_submission, record_zero_scores, submitted_notebooks)
 
 SQLITE_BUSY_TIMEOUT = 120  # seconds a writer waits for the gradebook before "database is locked"
-INTERRUPT_GRACE = 10  # seconds a child gets to clean up after SIGINT before it is killed
 REPORTS = "class_reports"
-DATABASE_LOCKED = "database is locked"
-
-
-# ---- one submission ------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class SubmissionJob:
-    course: str  # absolute path of the course folder
-    assignment: str
-    student: str
-    db_url: str  # the gradebook, with a busy timeout
-    cell_timeout: int = DEFAULT_CELL_TIMEOUT
-    log_path: str | None = None
-    scheduler: str = ""  # a Dask scheduler: the judging happens on its workers (grading/cluster.py)
-    parallel: bool = False          # other submissions are judged beside it on this machine
-    allow_unconfined: bool = False  # grade even where a protection is missing (recorded with each grade)
-
-
-@dataclasses.dataclass
-class SubmissionOutcome:
-    student: str
-    status: str  # "graded": as nbgrader graded it; "recovered": graded with a restarted kernel; "failed": zeros
-    seconds: float = 0.0
-    error: str | None = None  # what went wrong with this submission, for the instructor
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-class RobustExecute(NbGraderPreprocessor):
-    """nbgrader's Execute step, but a hang or a dead kernel costs only the cell it happened in.
-
-    Used only for a second attempt at a submission that nbgrader's own Execute could not
-    finish. Runs the cells with the self-check's executor (restart the kernel, replay
-    the cells that ran cleanly, go on) and records each lost cell as an error output,
-    which nbgrader's SaveAutoGrades scores as zero.
-    """
-
-    timeout = Integer(DEFAULT_CELL_TIMEOUT).tag(config=True)
-    problems: dict[int, str] = {}  # cell index -> what happened; read by the grading child
-
-    def preprocess(self, nb, resources):
-        workdir = Path(resources.get("metadata", {}).get("path") or ".")
-        found = CellRunner(nb, workdir, self.timeout).run_all()
-        for index, why in found.items():
-            nb.cells[index].outputs.append(nbformat.v4.new_output(
-                "error", ename="GradingError", evalue=why, traceback=[f"GradingError: {why}"]))
-        RobustExecute.problems = dict(found)
-        return nb, resources
-
-
-def _autograde(job: SubmissionJob, robust: bool) -> int:
-    """``nbgrader autograde ASSIGNMENT --student STUDENT --force --create``, in this process."""
-    argv = [job.assignment, "--student", job.student, "--force", "--create",
-            f"--CourseDirectory.root={job.course}", f"--CourseDirectory.db_url={job.db_url}",
-            f"--Execute.timeout={job.cell_timeout}", f"--JudgeInSandbox.timeout={job.cell_timeout}",
-            f"--JudgeInSandbox.scheduler={job.scheduler}", f"--JudgeInSandbox.parallel={job.parallel}",
-            f"--JudgeInSandbox.allow_unconfined={job.allow_unconfined}"]
-    os.chdir(job.course)  # nbgrader reads nbgrader_config.py from the working folder (we are a child)
-    app = AutogradeApp()
-    app.initialize(argv)
-    if robust:
-        configured = app.config.Autograde
-        chosen = (configured["autograde_preprocessors"] if "autograde_preprocessors" in configured
-                  else Autograde.class_traits()["autograde_preprocessors"].default())
-        steps = [RobustExecute if step in (Execute, "nbgrader.preprocessors.Execute") else step for step in chosen]
-        app.config.Autograde.autograde_preprocessors = steps
-        app.config.RobustExecute.timeout = job.cell_timeout
-    try:
-        app.start()
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
-    return 0
-
-
-def submitted_notebooks(course: Path, assignment: str, student: str) -> list[Path]:
-    return sorted((course / "submitted" / student / assignment).glob("*.ipynb"))
-
-
-def grade_submission(job: SubmissionJob) -> SubmissionOutcome:
-    """Grade one student's submission into the gradebook; never raises for bad input.
-
-    The one step a sandbox replaces: it gets the job, writes the gradebook rows and
-    autograded/ files of that one submission, and says how it went.
-    """
-    start = time.monotonic()
-    course = Path(job.course)
-    JudgeInSandbox.stopped = []
-    submitted = submitted_notebooks(course, job.assignment, job.student)
-    unreadable = [why for why in (read_notebook(path)[1] for path in submitted) if why]
-    if _autograde(job, robust=False) == 0:
-        if unreadable:       # nbgrader scored it zero cell by cell (the course's SubmissionExporter)
-            return SubmissionOutcome(job.student, "failed", time.monotonic() - start,
-                                     "; ".join(unreadable) + ": every test cell scored zero")
-        # The judge stops a hanging or process-killing cell and goes on; the instructor hears which.
-        note = "; ".join(JudgeInSandbox.stopped) or None
-        return SubmissionOutcome(job.student, "graded", time.monotonic() - start, note)
-    if _log_mentions(job, DATABASE_LOCKED):  # not the submission's fault: the caller grades it again
-        return SubmissionOutcome(job.student, "failed", time.monotonic() - start,
-                                 f"the gradebook stayed busy ({DATABASE_LOCKED})")
-    if not unreadable:
-        RobustExecute.problems = {}
-        if _autograde(job, robust=True) == 0:
-            lost = sorted(set(RobustExecute.problems.values()))
-            why = "; ".join(lost) if lost else "nbgrader could not finish it (see the log)"
-            return SubmissionOutcome(job.student, "recovered", time.monotonic() - start,
-                                     f"graded with a restarted kernel: {why}")
-        unreadable = ["nbgrader could not grade it, even with a restarted kernel (see the log)"]
-    record_zero_scores(job.db_url, job.assignment, job.student)
-    return SubmissionOutcome(job.student, "failed", time.monotonic() - start,
-                             "; ".join(unreadable) + ": every test cell scored zero")
-
-
-def _log_mentions(job: SubmissionJob, text: str) -> bool:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        return text in Path(job.log_path).read_text(errors="replace") if job.log_path else False
-    except OSError:
-        return False
-
-
-def record_zero_scores(db_url: str, assignment: str, student: str) -> None:
-    """Zero for every graded cell, as nbgrader records a notebook that was never submitted."""
-    with Gradebook(db_url) as gb:
-        gb.update_or_create_student(student)
-        gb.update_or_create_submission(assignment, student)
-        for notebook in gb.find_assignment(assignment).notebooks:
-            for grade in gb.find_submission_notebook(notebook.name, assignment, student).grades:
-                grade.auto_score = 0
-                grade.needs_manual_grade = False
-        gb.db.commit()
-
-
-# ---- the worker children ---------------------------------------------------------------------------
-
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this child if the grading command itself is killed (even kill -9)."""
-    try:
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except Exception:
-        pass  # elsewhere the parent's signal handlers still stop the children
-
-
-def _child_main(grade: Callable, job: SubmissionJob, conn) -> None:
-    # Its own session (so its own process group: a stop signal reaches it and nothing else). Where the
-    # scheduler shares the CPU by session (autogroup), each judge then gets its share, as each sandbox does.
-    os.setsid()
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if job.log_path:  # nbgrader's and the kernel's chatter go to the student's log, not the progress bar
-        fd = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-    try:
-        outcome = grade(job)
-    except KeyboardInterrupt:
-        os._exit(130)
-    except BaseException as exc:  # a bug in the grader: this submission fails, the batch goes on
-        outcome = SubmissionOutcome(job.student, "failed", 0.0, f"the grader itself failed: {type(exc).__name__}: {exc}")
-        try:
-            record_zero_scores(job.db_url, job.assignment, job.student)
-        except Exception:
-            pass
-    conn.send(outcome.to_json())
-    conn.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-@dataclasses.dataclass
-class _Running:
-    job: SubmissionJob
-    process: multiprocessing.Process
-    conn: object
-    started: float
-    attempt: int
-
-
-class Progress:
-    """A plain-text progress bar on stderr (one line per submission when stderr is not a terminal)."""
-
-    def __init__(self, total: int, stream=sys.stderr, width: int = 30):
-        self.total, self.stream, self.width = total, stream, width
-        self.done = self.errors = 0
-        self.started = time.monotonic()
-        self.live = hasattr(stream, "isatty") and stream.isatty()
-
-    def update(self, outcome: SubmissionOutcome | None, running: int) -> None:
-        if outcome is not None:
-            self.done += 1
-            self.errors += outcome.status != "graded"
-        elapsed = time.monotonic() - self.started
-        filled = int(self.width * self.done / max(self.total, 1))
-        left = (elapsed / self.done * (self.total - self.done)) if self.done else None
-        line = (f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} graded"
-                f", {self.errors} with errors, {running} running, {elapsed:.0f} s"
-                + (f", ~{left:.0f} s left" if left is not None and self.done < self.total else ""))
-        if self.live:
-            self.stream.write("\r" + line.ljust(110))
-            self.stream.flush()
-        elif outcome is not None:
-            note = "" if outcome.status == "graded" else f"  ({outcome.status}: {outcome.error})"
-            self.stream.write(f"{line}  {outcome.student}{note}\n")
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.live:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-class Interrupted(Exception):
-    pass
-
-
-def run_class(jobs: list[SubmissionJob], workers: int, grade: Callable = grade_submission,
-              submission_timeout: float | None = None, retries: int = 1,
-              on_outcome: Callable[[SubmissionOutcome], None] = lambda o: None,
-              progress: Progress | None = None) -> list[SubmissionOutcome]:
-    """Grade ``jobs`` with up to ``workers`` children at a time; raise Interrupted on SIGINT/SIGTERM.
-
-    ``on_outcome`` is called in this process as each submission finishes (before the next
-    one is started), so what it records survives an interruption.
-    """
-    context = multiprocessing.get_context("fork")
-    if not any(job.scheduler for job in jobs):   # judged here, not on a cluster's workers
-        if not zygote.started():
-            sandbox.warm_up()     # every child forked below starts its sandboxes from this one zygote
-        # The judge trains reference models with torch.optim, whose first step imports torch._dynamo (1.3 s):
-        # once here, not in every child (it starts no thread, so forking stays safe).
-        zygote.import_dynamo()
-    pending = list(reversed(jobs))
-    running: dict[int, _Running] = {}
-    outcomes: list[SubmissionOutcome] = []
-    stop: list[int] = []
-    handlers = {sig: signal.signal(sig, lambda signum, frame: stop.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def launch(job: SubmissionJob, attempt: int) -> None:
-        receive, send = context.Pipe(duplex=False)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        process = context.Process(target=_child_main, args=(grade, job, send), daemon=False)
-        process.start()
-        send.close()
-        running[process.sentinel] = _Running(job, process, receive, time.monotonic(), attempt)
-
-    def finish(outcome: SubmissionOutcome) -> None:
-        outcomes.append(outcome)
-        on_outcome(outcome)
-        if progress:
-            progress.update(outcome, len(running))
-
-    try:
-        while pending or running:
-            while pending and len(running) < workers and not stop:
-                launch(pending.pop(), attempt=1)
-            if stop:
-                raise Interrupted(stop[0])
-            ready = multiprocessing.connection.wait(list(running), timeout=0.5)
-            now = time.monotonic()
-            for sentinel in list(running):
-                item = running[sentinel]
-                overdue = submission_timeout is not None and now - item.started > submission_timeout
-                if sentinel not in ready and not overdue:
-                    continue
-                if overdue and item.process.is_alive():
-                    _stop_child(item.process, grace=2)
-                result = item.conn.recv() if item.conn.poll() else None
-                item.process.join()
-                del running[sentinel]
-                if result is not None:
-                    outcome = SubmissionOutcome(**result)
-                    if outcome.status == "failed" and DATABASE_LOCKED in (outcome.error or "") \
-                            and item.attempt <= retries:
-                        launch(item.job, item.attempt + 1)
-                        continue
-                else:
-                    why = (f"grading took longer than {submission_timeout:g} s and was stopped" if overdue
-                           else f"the grading process died (exit code {item.process.exitcode})")
-                    record_zero_scores(item.job.db_url, item.job.assignment, item.job.student)
-                    outcome = SubmissionOutcome(item.job.student, "failed", now - item.started,
-                                                f"{why}: every test cell scored zero")
-                finish(outcome)
-    except Interrupted:
-        for item in running.values():
-            _stop_child(item.process, grace=INTERRUPT_GRACE)
-        raise
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    return outcomes
-
-
-def _stop_child(process: multiprocessing.Process, grace: float) -> None:
-    """SIGINT to the child's group (nbgrader cleans up its kernel and half-written notebook), then SIGKILL."""
-    for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        process.join(wait)
-        if not process.is_alive():
-            return
 
 
 # ---- which submissions, and which are already done ----------------------------------------------------

@@ -26,6 +26,10 @@ and the learner's code in the child only holds handles to them.
 
 ``in_a_fork`` is the other half: the learner's save runs in a forked child, so that what it changes in
 memory (module globals, patched functions) dies with it.
+
+Three modules: this one is the caller's side and the entry (every name below imports from here);
+``fresh_server`` is the new interpreter's loop and each child it forks, with ``ask``; ``fresh_wire``
+is what crosses between them: frames of data, the task's report, ``FreshProcessError``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -47,28 +50,20 @@ import traceback
 from typing import Callable
 
 from . import portable
-from .confinement import _READABLE, _landlock_abi, _seccomp_program, confine, readable_roots
+from .confinement import _READABLE, _landlock_abi, _seccomp_program, confine, readable_roots  # noqa: F401
+# Every name this module held before its server and its wire moved out still imports from here (and the
+# sandbox's guard, which names shared code by the first module that holds it, names each as before).
+from .fresh_server import (_BOOT, _BOX, _KEPT_ENVIRONMENT, _child, _close_all_but, _execute,  # noqa: F401
+                           _reap, _serve, _serve_requests, _warm, ask)
+from .fresh_wire import (_MAX_FRAME, FreshProcessError, _decode, _described, _encode, _outcome,  # noqa: F401
+                         _receive_exactly, _receive_frame, _send_frame, raised_text)
 
 # Bound when this module is imported (before any submitted code runs in a sandbox): the interpreter that
-# starts the server, where this package lives, and the little of the environment it keeps.
+# starts the server and where this package lives (the environment it keeps: fresh_server).
 _PYTHON = sys.executable
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # above autograder/
-_KEPT_ENVIRONMENT = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
 _SERVER: dict = {}          # the running server of this process (a dict: changed in place, never rebound)
 AVAILABLE = hasattr(os, "fork") and hasattr(socket, "send_fds")   # not on Windows
-
-
-class FreshProcessError(RuntimeError):
-    """The task failed in the fresh process (its error, as text), or the process did not report back."""
-
-    def __init__(self, message: str, raised: dict | None = None, where: str = ""):
-        super().__init__(message)
-        self.raised, self.where = raised, where
-
-    def described(self) -> dict | None:
-        """What the task raised, as grading.server.describe_exception gives it; None when it raised nothing
-        (the process died, or ran out of time)."""
-        return self.raised
 
 
 # ---- the caller's side ----------------------------------------------------------------------------
@@ -123,18 +118,6 @@ def _by_value(obj) -> bool:
     learner's helper module, a test's fixtures): it travels as code."""
     module = sys.modules.get(getattr(obj, "__module__", None) or "")
     return module is None or module.__name__ == "__main__" or not portable.trusted_module(module)
-
-
-def ask(question):
-    """In a fresh process: ``question`` (data) to the process that runs the task; its answer (data)."""
-    connection = _BOX.get("connection")
-    if connection is None:
-        raise RuntimeError("ask() is for a task that runs in a fresh process")
-    _send_frame(connection, _encode({"ask": question}))
-    reply = _decode(_receive_frame(connection))
-    if "raised" in reply:
-        raise RuntimeError(reply["raised"])
-    return reply["answer"]
 
 
 def confinement() -> dict:
@@ -253,250 +236,9 @@ class _Server:
                 raise FreshProcessError("the fresh process ended as soon as it started")
 
 
-def _outcome(message: dict):
-    if "error" not in message and "ok" not in message:
-        raise FreshProcessError("the fresh process sent a report without a result")
-    if "error" in message:
-        where = message.get("where") or ""
-        raised = ({key: message[key] for key in ("type", "builtin", "message", "strerror") if key in message}
-                  if "type" in message else None)
-        raise FreshProcessError(message["error"] + (f" (in {where})" if where else ""), raised, where)
-    return message["ok"]
-
-
-def _described(exc: BaseException, frames) -> dict:
-    """An exception raised by the task, as data: its text, type, message, where, whether a builtin type."""
-    try:
-        message = str(exc)
-    except Exception:           # noqa: BLE001 (a learner's exception may fail even to print)
-        message = "(the exception's message could not be read)"
-    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    described = {"error": text[:4000], "type": type(exc).__name__[:100], "message": message[:4000],
-                 "builtin": type(exc).__module__ == "builtins", "where": frames[-1].name if frames else ""}
-    if isinstance(exc, OSError) and exc.filename is not None and isinstance(exc.strerror, str):
-        described["strerror"] = exc.strerror[:200]
-    return described
-
-
-def raised_text(raised: dict) -> str:
-    """What a task raised, in words that do not depend on where it ran: an error on a file gives its
-    reason, not the file's path (which names a folder of the process it ran in)."""
-    if "strerror" in raised:
-        return f"{raised['type']} ({raised['strerror']}) on a file it opened"
-    return f"{raised['type']}: {raised['message']}" if raised.get("message") else raised["type"]
-
-
 def _run_here(payload: bytes):
     """Without fork (Windows): the task in this very process, a weaker test (what memory holds is shared)."""
     return _outcome(_decode(_encode(_execute(payload))))
-
-
-# ---- frames on a stream socket: a length, then JSON made by wire.encode ---------------------------
-
-def _encode(value) -> bytes:
-    from ..grading import wire
-
-    def refuse(obj):
-        raise TypeError(f"a {type(obj).__name__} is not data")
-    return json.dumps(wire.encode(value, refuse), separators=(",", ":")).encode()
-
-
-def _decode(frame: bytes):
-    from ..grading import wire
-
-    def refuse(ref):
-        raise ValueError("a reference is not data")
-    return wire.decode(json.loads(frame), refuse)
-
-
-_MAX_FRAME = 256 << 20
-
-
-def _send_frame(sock: socket.socket, data: bytes) -> None:
-    sock.sendall(struct.pack(">Q", len(data)) + data)
-
-
-def _receive_frame(sock: socket.socket, deadline: float | None = None) -> bytes | None:
-    header = _receive_exactly(sock, 8, deadline)
-    if header is None:
-        return None
-    (size,) = struct.unpack(">Q", header)
-    if size > _MAX_FRAME:
-        raise FreshProcessError(f"the fresh process sent {size} bytes, more than a result may hold")
-    return _receive_exactly(sock, size, deadline)
-
-
-def _receive_exactly(sock: socket.socket, n: int, deadline: float | None) -> bytes | None:
-    chunks = []
-    while n:
-        if deadline is not None:
-            ready, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise TimeoutError
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-# ---- the server (a new interpreter) ----------------------------------------------------------------
-
-_BOOT = """
-import os, sys
-sys.path.insert(0, sys.argv[1])
-if os.fork():
-    os._exit(0)
-try:
-    os.setsid()         # out of the caller's session, so its terminal's signals stay there
-except PermissionError:
-    pass                # in the grading sandbox, whose filter refuses setsid: it stays in the sandbox's
-from autograder.engine.fresh_process import _serve
-_serve(int(sys.argv[2]))
-"""
-
-_BOX: dict = {}     # in a fresh process: its connection to the process that runs the task
-
-
-def _serve(control_fd: int) -> None:
-    """The server's loop: import what is asked for, fork a child per task; end when the caller is gone."""
-    import importlib
-
-    from autograder.course import CHECK_MODULES, CHECK_SUPPORT
-    signal.signal(signal.SIGCHLD, _reap)
-    control = socket.socket(fileno=control_fd)
-    importlib.import_module("autograder.grading.wire")  # torch and NumPy, once
-    _READABLE["roots"] = readable_roots()
-    allowed = set(CHECK_MODULES) | set(CHECK_SUPPORT)
-    try:
-        _serve_requests(control, allowed)
-    finally:
-        shutil.rmtree(os.environ.get("TMPDIR", "/nonexistent"), ignore_errors=True)   # its own folder
-
-
-def _serve_requests(control: socket.socket, allowed: set) -> None:
-    import importlib
-    while True:
-        try:
-            message, fds, _, _ = socket.recv_fds(control, 65536, 4)
-        except OSError:
-            return
-        if not message:
-            return
-        try:
-            request = json.loads(message)
-            if "preload" in request:
-                if request["preload"] in allowed:
-                    _warm(importlib.import_module(request["preload"]))
-                continue
-            if "folder" not in request or len(fds) != 1:
-                continue
-        except Exception:      # noqa: BLE001 (a request it cannot read is dropped)
-            for fd in fds:
-                os.close(fd)
-            continue
-        pid = os.fork()
-        if pid == 0:
-            try:
-                control.close()
-                _child(request, fds[0])
-            finally:
-                os._exit(0)
-        os.close(fds[0])
-        try:
-            pidfd = [os.pidfd_open(pid)]
-        except OSError:      # it has ended already
-            pidfd = []
-        try:
-            socket.send_fds(control, [json.dumps({"id": request.get("id")}).encode()], pidfd)
-        except OSError:
-            return
-        finally:
-            for fd in pidfd:
-                os.close(fd)
-
-
-def _warm(module) -> None:
-    """Run a check module's ``warm_up_fresh_processes()`` here, in the server, once: what its tasks import
-    on first use (torch.manual_seed imports torch.cuda, an optimizer's first step torch._dynamo) is then
-    imported in every child already, instead of in each. torch's RNG is put back where a new interpreter
-    has it; NumPy's and Python's were seeded from the OS and stay so."""
-    warm = getattr(module, "warm_up_fresh_processes", None)
-    if warm is None:
-        return
-    import torch
-    seed = torch.initial_seed()
-    try:
-        warm()
-    except Exception:     # noqa: BLE001 (a child then imports what it needs itself)
-        pass
-    torch.manual_seed(seed)
-
-
-def _reap(signum, frame) -> None:
-    """In the server, on SIGCHLD: end the process group each ended child led (what it started and left
-    running), while its id still names it (a child's id is free again once it is reaped), then reap it."""
-    while True:
-        try:
-            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if ended is None:
-            return
-        with contextlib.suppress(OSError):
-            os.killpg(ended.si_pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(ended.si_pid, 0)
-
-
-def _child(request: dict, connection_fd: int) -> None:
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.setpgid(0, 0)          # its own group: the caller ends it with everything it started
-    signal.alarm(int(request["timeout"]) + 2)   # and it ends itself when nobody does
-    folder = request["folder"]
-    os.environ.clear()
-    os.environ.update({**{k: v for k, v in _KEPT_ENVIRONMENT.items()}, "HOME": folder, "TMPDIR": folder,
-                       "OMP_NUM_THREADS": "1"})
-    tempfile.tempdir = None
-    os.chdir(folder)
-    _close_all_but(connection_fd)
-    confine(list(request["readable"]), [folder], list(request.get("listable", [])))
-    connection = socket.socket(fileno=connection_fd)
-    _BOX["connection"] = connection
-    payload = _receive_frame(connection)
-    if payload is None:
-        return
-    import torch
-    torch.set_num_threads(1)
-    _send_frame(connection, _encode(_execute(payload)))
-
-
-def _execute(payload: bytes) -> dict:
-    import pickle
-    try:
-        packed_globals, (task, args), extra, paths = pickle.loads(payload)
-        sys.path[:0] = [p for p in paths if p not in sys.path]     # for modules of the learner's own
-        unpacker = portable._Unpacker(packed_globals)
-        outcome = {"ok": unpacker.value(task)(*unpacker.value(args), *unpacker.value(extra))}
-        _encode(outcome)            # data only, or the error below says what is not
-        return outcome
-    except BaseException as exc:    # noqa: BLE001 (reported to the caller, not raised here)
-        return _described(exc, [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__])
-
-
-def _close_all_but(keep: int) -> None:
-    """Close every file descriptor but 0, 1, 2 (which lead to /dev/null) and ``keep``."""
-    try:
-        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, 1024))
-    for fd in fds:
-        if fd > 2 and fd != keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 # ---- a forked child, for the learner's save ----------------------------------------------------------
