@@ -31,7 +31,7 @@ def _saving(save_checkpoint, path: str, w: np.ndarray, state: dict) -> tuple:
 
 
 def warm_up_fresh_processes() -> None:
-    """In the server of fresh processes (fresh_process._warm): np.load and np.savez's modules, imported once."""
+    """In the server of fresh processes (engine/fresh_server._warm): np.load and np.savez's modules, imported once."""
     import io
     buffer = io.BytesIO()
     np.savez(buffer, w=np.zeros(1))

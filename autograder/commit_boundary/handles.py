@@ -145,7 +145,7 @@ class _Runs:
 
 
 def warm_up_fresh_processes() -> None:
-    """In the server of fresh processes (fresh_process._warm): what a learner's check calls first imports
+    """In the server of fresh processes (engine/fresh_server._warm): what a learner's check calls first imports
     (torch.manual_seed imports torch.cuda and the other device modules), imported once there."""
     torch.manual_seed(torch.initial_seed())
 

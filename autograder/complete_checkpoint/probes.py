@@ -24,7 +24,7 @@ def run_in_fresh_process(task: Callable[[], object], timeout: float = 20.0, read
 
 
 def warm_up_fresh_processes() -> None:
-    """In the server of fresh processes (fresh_process._warm): a resume's first steps, imported once there."""
+    """In the server of fresh processes (engine/fresh_server._warm): a resume's first steps, imported once there."""
     with preserved_rngs():
         train_steps(make_trainer(0), 1)
 
