@@ -64,10 +64,15 @@ def live_tensors(model: nn.Module, optimizer: torch.optim.Optimizer | None = Non
     return names
 
 
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None), complex})
+
+
 def state_copy(value):
     """A copy of a state dict that shares no storage with it, in memory (copy.deepcopy's result, five times
     faster): tensors detached and cloned, containers rebuilt (an OrderedDict with its _metadata, which
     load_state_dict reads), anything else deep-copied."""
+    if type(value) in _IMMUTABLE:      # what deepcopy would hand back itself, without its dispatch
+        return value
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):

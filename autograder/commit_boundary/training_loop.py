@@ -87,6 +87,7 @@ class AccumulationRun:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}")
         self.config = {"seed": seed, "accum_steps": accum_steps, "micro_batch": micro_batch,
                        "dataset_size": dataset_size}
+        self._orders: dict[int, list[int]] = {}             # epoch -> its permutation of the dataset
         self._writes = CHECKPOINTING.index(checkpointing)   # a number: a run names no scenario
         with torch.random.fork_rng(devices=[]):  # initial weights from the seed, global RNG untouched
             _seed(seed)
@@ -110,10 +111,12 @@ class AccumulationRun:
         """Dataset indices of microbatch ``position``: a fresh permutation per epoch, from (seed, epoch)."""
         per_epoch = self.config["dataset_size"] // self.config["micro_batch"]
         epoch, slot = divmod(position, per_epoch)
-        order = torch.randperm(self.config["dataset_size"],
-                               generator=torch.Generator().manual_seed(self.config["seed"] + epoch))
+        order = self._orders.get(epoch)
+        if order is None:       # drawn once per epoch: the checks train hundreds of microbatches
+            generator = torch.Generator().manual_seed(self.config["seed"] + epoch)
+            order = self._orders[epoch] = torch.randperm(self.config["dataset_size"], generator=generator).tolist()
         size = self.config["micro_batch"]
-        return order[slot * size:(slot + 1) * size].tolist()
+        return order[slot * size:(slot + 1) * size]
 
     def train(self, microbatches: int) -> None:
         for _ in range(microbatches):

@@ -10,6 +10,7 @@ travels by pickling, exactly as spawn does it, so a generator built in ``__init_
 from __future__ import annotations
 
 import builtins
+import functools
 import marshal
 import os
 import pickle
@@ -239,16 +240,28 @@ def trusted_module(module: types.ModuleType) -> bool:
     where = getattr(module, "__file__", None)
     if where is None:
         return module.__name__ != "__main__" and module.__name__ in sys.builtin_module_names
-    where = os.path.realpath(where)
+    where = _real_path(where)
     return any(where.startswith(root + os.sep) for root in trusted_roots())
 
 
 def trusted_roots() -> list[str]:
+    return list(_roots_for(tuple(sys.path)))
+
+
+# A check asks for every object it sends to a fresh process (a few hundred a check): the installation's
+# folders and a module's real path do not change while this process runs, sys.path is the key.
+@functools.lru_cache(maxsize=8)
+def _roots_for(path: tuple) -> tuple:
     paths = sysconfig.get_paths()
     roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    roots |= {p for p in sys.path if p and os.path.basename(p) in ("site-packages", "dist-packages")}
+    roots |= {p for p in path if p and os.path.basename(p) in ("site-packages", "dist-packages")}
     roots.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))       # this package (autograder/)
-    return sorted({os.path.realpath(r) for r in roots})
+    return tuple(sorted({os.path.realpath(r) for r in roots}))
+
+
+@functools.lru_cache(maxsize=4096)
+def _real_path(where: str) -> str:
+    return os.path.realpath(where)
 
 
 class _Unpacker:
