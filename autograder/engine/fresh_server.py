@@ -1,8 +1,8 @@
 """The server of fresh processes (``fresh_process``): the new interpreter's loop, and each child it forks.
 
 ``_BOOT`` is what the new interpreter runs: it leaves the caller's session and serves (``_serve``),
-importing the check modules it is asked to preload, forking a child per task and handing the caller
-the child's pidfd; on SIGCHLD it ends the process group each ended child led (``_reap``). A child
+importing the check modules it is asked to preload, forking a child per task (ahead of the task: ``_Spare``)
+and handing the caller the child's pidfd; on SIGCHLD it ends the process group each ended child led (``_reap``). A child
 (``_child``) makes its own folder its home, temp folder and working directory, closes every other file
 descriptor, confines itself (``engine.confinement``), then receives the packed task, runs it
 (``_execute``) and sends back the report (``fresh_wire``). While it runs, the task may ``ask``.
@@ -78,44 +78,103 @@ def _serve(control_fd: int) -> None:
 
 def _serve_requests(control: socket.socket, allowed: set) -> None:
     import importlib
-    while True:
-        try:
-            message, fds, _, _ = socket.recv_fds(control, 65536, 4)
-        except OSError:
-            return
-        if not message:
-            return
-        try:
-            request = json.loads(message)
-            if "preload" in request:
-                if request["preload"] in allowed:
-                    _warm(importlib.import_module(request["preload"]))
+    spare = _Spare()
+    try:
+        while True:
+            try:
+                message, fds, _, _ = socket.recv_fds(control, 65536, 4)
+            except OSError:
+                return
+            if not message:
+                return
+            try:
+                request = json.loads(message)
+                if "preload" in request:
+                    if request["preload"] in allowed:
+                        spare.end()         # forked before this module was imported: it lacks it
+                        _warm(importlib.import_module(request["preload"]))
+                    continue
+                if "folder" not in request or len(fds) != 1:
+                    continue
+            except Exception:      # noqa: BLE001 (a request it cannot read is dropped)
+                for fd in fds:
+                    os.close(fd)
                 continue
-            if "folder" not in request or len(fds) != 1:
-                continue
-        except Exception:      # noqa: BLE001 (a request it cannot read is dropped)
-            for fd in fds:
-                os.close(fd)
-            continue
-        pid = os.fork()
+            pid = spare.take(message, fds[0], control)
+            if pid is None:
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        control.close()
+                        _child(request, fds[0])
+                    finally:
+                        os._exit(0)
+            os.close(fds[0])
+            try:
+                pidfd = [os.pidfd_open(pid)]
+            except OSError:      # it has ended already
+                pidfd = []
+            try:
+                socket.send_fds(control, [json.dumps({"id": request.get("id")}).encode()], pidfd)
+            except OSError:
+                return
+            finally:
+                for fd in pidfd:
+                    os.close(fd)
+            spare.fork(control)      # the next task's child, forked while this one runs
+    finally:
+        spare.end()
+
+
+class _Spare:
+    """A child forked ahead of its task, waiting for it: a task then starts without a fork of the server
+    (a few ms each, and a check runs dozens). It is the fork the task would have had, only earlier, so it
+    holds what the server holds; after a preload it is ended and forked again. Where it cannot be used
+    (none yet, or it has ended), the server forks as before."""
+
+    def __init__(self):
+        self.pid, self.socket = None, None
+
+    def fork(self, control: socket.socket) -> None:
+        if self.pid is not None:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = os.fork()
+        except OSError:             # at a limit of processes: the next task forks when it comes
+            ours.close()
+            theirs.close()
+            return
         if pid == 0:
             try:
                 control.close()
-                _child(request, fds[0])
+                ours.close()
+                message, fds, _, _ = socket.recv_fds(theirs, 65536, 1)   # nothing: the server has ended
+                if message and len(fds) == 1:
+                    _child(json.loads(message), fds[0])
             finally:
                 os._exit(0)
-        os.close(fds[0])
+        theirs.close()
+        self.pid, self.socket = pid, ours
+
+    def take(self, message: bytes, connection_fd: int, control: socket.socket) -> int | None:
+        """Hand the request and its connection to the spare; its pid, or None where it could not."""
+        pid, sock = self.pid, self.socket
+        self.pid, self.socket = None, None
+        if pid is None:
+            return None
         try:
-            pidfd = [os.pidfd_open(pid)]
-        except OSError:      # it has ended already
-            pidfd = []
-        try:
-            socket.send_fds(control, [json.dumps({"id": request.get("id")}).encode()], pidfd)
-        except OSError:
-            return
+            socket.send_fds(sock, [message], [connection_fd])
+            return pid
+        except OSError:             # it has ended (the server's SIGCHLD handler reaps it)
+            return None
         finally:
-            for fd in pidfd:
-                os.close(fd)
+            sock.close()
+
+    def end(self) -> None:
+        if self.pid is not None:
+            self.socket.close()     # it reads nothing, and ends
+            self.pid, self.socket = None, None
 
 
 def _warm(module) -> None:

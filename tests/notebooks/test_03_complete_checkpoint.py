@@ -194,6 +194,24 @@ def test_a_fresh_process_shares_no_memory_with_the_process_that_packed_its_task(
     assert fresh_process.packed(os.getpid).run() != os.getpid()
 
 
+def test_each_task_gets_a_process_of_its_own_and_one_after_a_preload_holds_the_module():
+    """The server forks each task's child ahead of the task (a spare): still one new process per task, and
+    a preload ends the spare forked before the module was imported, so the next task has the module."""
+    from autograder import fresh_process
+    from autograder.course import CHECK_MODULES
+
+    def loaded(names):
+        import sys
+        return [name for name in names if name in sys.modules]
+    fresh_process.start()
+    pids = [fresh_process.packed(os.getpid).run() for _ in range(3)]
+    assert len(set(pids)) == 3 and os.getpid() not in pids
+    missing = [name for name in CHECK_MODULES if name not in fresh_process.packed(loaded, CHECK_MODULES).run()]
+    assert missing, "every check module is in the server already: nothing left to preload"
+    fresh_process.start(missing[-1])
+    assert fresh_process.packed(loaded, [missing[-1]]).run() == [missing[-1]]
+
+
 @pytest.mark.skipif(not __import__("autograder.fresh_process").fresh_process.files_are_private(),
                     reason="needs Landlock (Linux 5.13 or later)")
 def test_a_fresh_process_reads_only_the_files_it_is_given_and_opens_no_socket(tmp_path):
