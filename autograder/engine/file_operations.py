@@ -202,21 +202,35 @@ def inode_of(path) -> list[int] | None:
     return [st.st_dev, st.st_ino]
 
 
+def _digest(path: Path) -> str | None:
+    """A file's digest, or None where it is gone: a learner's save that raised may leave a write running
+    in the background (an async save whose future nobody waits for), renaming files while they are read."""
+    try:
+        return hashlib.sha1(path.read_bytes()).hexdigest()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
 def file_digests(folder: Path) -> dict[str, str]:
     """The digest of every regular file below ``folder`` (links skipped), by its path relative to it."""
     out = {}
     if folder.is_dir():
         for path in sorted(folder.rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                out[str(path.relative_to(folder))] = hashlib.sha1(path.read_bytes()).hexdigest()
+            if path.is_file() and not path.is_symlink() and (digest := _digest(path)) is not None:
+                out[str(path.relative_to(folder))] = digest
     return out
 
 
 def folder_tree(folder: Path) -> dict[str, object]:
     """Every entry of ``folder``: a subfolder as its files' digests (file_digests), a link as "symlink", a file as
-    its digest. Two of them compared tell what a call deleted or changed there."""
+    its digest. Two of them compared tell what a call deleted or changed there. An entry gone while it is read
+    (see _digest) is left out, as if it had gone just before."""
     tree = {}
     for entry in sorted(folder.iterdir()):
-        tree[entry.name] = (file_digests(entry) if entry.is_dir() and not entry.is_symlink()
-                            else "symlink" if entry.is_symlink() else hashlib.sha1(entry.read_bytes()).hexdigest())
+        if entry.is_symlink():
+            tree[entry.name] = "symlink"
+        elif entry.is_dir():
+            tree[entry.name] = file_digests(entry)
+        elif (digest := _digest(entry)) is not None:
+            tree[entry.name] = digest
     return tree
