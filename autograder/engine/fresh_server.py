@@ -100,18 +100,13 @@ def _serve_requests(control: socket.socket, allowed: set) -> None:
                 for fd in fds:
                     os.close(fd)
                 continue
-            pid = spare.take(message, fds[0], control)
-            if pid is None:
-                pid = os.fork()
-                if pid == 0:
-                    try:
-                        control.close()
-                        _child(request, fds[0])
-                    finally:
-                        os._exit(0)
+            pid = spare.take(message, fds[0])
+            if pid is None:      # none yet, or it has ended: one now (a fork refused here ends the server)
+                spare.fork(control, for_a_task=True)
+                pid = spare.take(message, fds[0])
             os.close(fds[0])
             try:
-                pidfd = [os.pidfd_open(pid)]
+                pidfd = [os.pidfd_open(pid)] if pid is not None else []
             except OSError:      # it has ended already
                 pidfd = []
             try:
@@ -135,15 +130,19 @@ class _Spare:
     def __init__(self):
         self.pid, self.socket = None, None
 
-    def fork(self, control: socket.socket) -> None:
+    def fork(self, control: socket.socket, for_a_task: bool = False) -> None:
+        """A spare, unless one waits already. Ahead of a task, a fork refused at a limit of processes is let
+        be: the task forks when it comes (``for_a_task``), and there the refusal is raised, as it always was."""
         if self.pid is not None:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             pid = os.fork()
-        except OSError:             # at a limit of processes: the next task forks when it comes
+        except OSError:
             ours.close()
             theirs.close()
+            if for_a_task:
+                raise
             return
         if pid == 0:
             try:
@@ -157,7 +156,7 @@ class _Spare:
         theirs.close()
         self.pid, self.socket = pid, ours
 
-    def take(self, message: bytes, connection_fd: int, control: socket.socket) -> int | None:
+    def take(self, message: bytes, connection_fd: int) -> int | None:
         """Hand the request and its connection to the spare; its pid, or None where it could not."""
         pid, sock = self.pid, self.socket
         self.pid, self.socket = None, None

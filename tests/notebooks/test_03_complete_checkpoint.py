@@ -197,7 +197,6 @@ def test_a_fresh_process_shares_no_memory_with_the_process_that_packed_its_task(
 def test_each_task_gets_a_process_of_its_own_and_one_after_a_preload_holds_the_module():
     """The server forks each task's child ahead of the task (a spare): still one new process per task, and
     a preload ends the spare forked before the module was imported, so the next task has the module."""
-    from autograder import fresh_process
     from autograder.course import CHECK_MODULES
 
     def loaded(names):

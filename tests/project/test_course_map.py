@@ -9,6 +9,10 @@ import nbformat
 from autograder.course import NOTEBOOKS, RELEASE_DIR, REPO_ROOT
 
 
+def _markdown(path) -> str:
+    return "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+
+
 def _linked(text: str) -> set[str]:
     return set(re.findall(r"\]\((?:\.\./|notebooks/)(\d\d_\w+)/\1\.ipynb\)", text))
 
@@ -23,9 +27,7 @@ def test_the_readme_table_lists_every_notebook_with_a_link_that_opens():
 def test_notebook_00s_map_lists_every_other_notebook():
     start = next(n for n in NOTEBOOKS if n.number == "00")
     for root in (start.source().parent.parent, RELEASE_DIR):
-        nb = nbformat.read(start.source(root), as_version=4)
-        text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-        assert _linked(text) == {n.folder for n in NOTEBOOKS if n is not start}, root.name
+        assert _linked(_markdown(start.source(root))) == {n.folder for n in NOTEBOOKS if n is not start}, root.name
 
 
 def test_authoring_md_links_nothing_outside_the_repository():
@@ -39,9 +41,7 @@ def test_every_file_of_the_repository_a_notebook_or_the_guides_name_exists():
     """A notebook that sends the learner to `autograder/...py` (or the README and AUTHORING.md to a module)
     names a file that is there: a module that became a package moves its code."""
     texts = {name: (REPO_ROOT / name).read_text() for name in ("README.md", "AUTHORING.md")}
-    for notebook in NOTEBOOKS:
-        nb = nbformat.read(notebook.source(), as_version=4)
-        texts[notebook.folder] = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    texts |= {notebook.folder: _markdown(notebook.source()) for notebook in NOTEBOOKS}
     named = {(where, path) for where, text in texts.items()
              for path in re.findall(r"`((?:autograder|tests|tools|benchmarks)/[\w/]+\.py)`", text)}
     assert named, "no file named: the pattern finds nothing"
