@@ -59,7 +59,7 @@ from nbgrader.apps.autogradeapp import AutogradeApp
 
 from autograder.contract import DEFAULT_CELL_TIMEOUT, with_tools_on_path
 from autograder.course import matching
-from autograder.grading import protections, sandbox
+from autograder.grading import layout, protections, sandbox
 
 # The children and the one submission they each grade; every name they had here still imports from here.
 from .class_run import INTERRUPT_GRACE, Interrupted, Progress, run_class  # noqa: F401
@@ -267,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     course = Path(args.course).resolve()
     if not (course / "nbgrader_config.py").exists():
         raise SystemExit(f"workbook-grade: {course} has no nbgrader_config.py: is it the course folder?")
+    disagreement = layout.course_disagreement(course)
+    if disagreement:
+        print(f"workbook-grade: grading refused: {disagreement}", file=sys.stderr)
+        return 2
     if not args.scheduler:     # judged here: say what confines each submission, or refuse (docs/grading.md)
         try:
             confinement_here(course, parallel=workers > 1, allow_unconfined=args.allow_unconfined)

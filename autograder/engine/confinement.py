@@ -24,7 +24,10 @@ _FS_RIGHTS = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15)
 _READ = 1 | 4 | 8          # EXECUTE | READ_FILE | READ_DIR
 _FILE_RIGHTS = 1 | 2 | 4 | (1 << 14) | (1 << 15)    # what applies to a file (not a folder)
 _READABLE: dict = {}     # the server computes the roots once; its children inherit them
-_SYSTEM = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/opt",
+# Of /proc, what describes the machine, not its processes: a fresh process reads its own entries (added in
+# ``confine``), never another process's command line, environment, memory maps or memory.
+_SYSTEM = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt",
+           "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/sys", "/proc/filesystems",
            "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"]
 
 
@@ -53,7 +56,7 @@ def confine(readable: list[str], writable: list[str], listable: list[str] = ()) 
     ``listable`` folders may be listed, not read (where a module of the learner's own lies)."""
     if _libc is not None:
         _prctl(38, 1)                      # PR_SET_NO_NEW_PRIVS, which both require
-    roots = _READABLE.get("roots") or readable_roots()
+    roots = (_READABLE.get("roots") or readable_roots()) + [f"/proc/{os.getpid()}"]
     done = {"landlock": _apply_landlock(roots + readable, writable + ["/dev/null"], list(listable)),
             "seccomp": _apply_seccomp()}
     return done

@@ -139,16 +139,40 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, kind)
         own = tempfile.mkdtemp(prefix="fresh-processes-")     # the server's home and temp folder (torch writes there)
         env = {**_KEPT_ENVIRONMENT, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HOME": own, "TMPDIR": own}
+        # What the server prints (a traceback if it cannot start) goes to a file: a task that finds it gone
+        # says why, instead of a bare ConnectionResetError. Its children print nowhere (fresh_server._child).
+        self.log = os.path.join(own, "server.log")
         try:
-            # -I: no PYTHON* variable, no user site, no working directory on sys.path; -B: no .pyc written.
-            launcher = subprocess.Popen(
-                [_PYTHON, "-I", "-B", "-c", _BOOT, _PACKAGE_ROOT, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env=env, cwd=own, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(self.log, "wb") as log:
+                # -I: no PYTHON* variable, no user site, no working directory on sys.path; -B: no .pyc written.
+                launcher = subprocess.Popen(
+                    [_PYTHON, "-I", "-B", "-c", _BOOT, _PACKAGE_ROOT, str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),), env=env, cwd=own, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=log)
             launcher.wait()      # it forks the server and ends: the server is nobody's child to wait for
         finally:
             theirs.close()
         self.control, self.lock, self.preloaded = ours, threading.Lock(), set()
+
+    def why_ended(self) -> str:
+        """What the server printed last (the error it ended with), or that it printed nothing."""
+        try:
+            with open(self.log, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 4096))
+                lines = log.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
+        if not lines:
+            return "it printed nothing"
+        return f"it ended with {lines[-1].strip()}, importing autograder from {_PACKAGE_ROOT}"
+
+    def died(self, what: str) -> "FreshProcessError":
+        """The error for a task whose fresh process went away: where the server has ended too, why."""
+        if self.alive():
+            return FreshProcessError(what)
+        _SERVER.pop("server", None)          # the next task starts another one
+        return FreshProcessError(f"{what}: the server of fresh processes has ended ({self.why_ended()})")
 
     def alive(self) -> bool:
         try:
@@ -174,20 +198,22 @@ class _Server:
                 try:
                     socket.send_fds(self.control, [json.dumps(request).encode()], [theirs.fileno()])
                 except OSError:
-                    _SERVER.pop("server", None)
-                    raise FreshProcessError("the server of fresh processes has ended") from None
+                    raise self.died("the server of fresh processes did not take the task") from None
                 finally:
                     theirs.close()
                 pidfd = self._forked(request["id"], time.monotonic() + max(timeout, 60.0))
             deadline = time.monotonic() + timeout
-            _send_frame(ours, payload)
+            try:
+                _send_frame(ours, payload)
+            except (ConnectionError, BrokenPipeError):
+                raise self.died("the fresh process died before it read its task") from None
             while True:
                 try:
                     frame = _receive_frame(ours, deadline)
                 except (ConnectionError, BrokenPipeError):
                     frame = None
                 if frame is None:
-                    raise FreshProcessError("the fresh process died before reporting back")
+                    raise self.died("the fresh process died before reporting back")
                 try:
                     message = _decode(frame)
                 except (ValueError, TypeError, KeyError) as exc:
@@ -203,7 +229,7 @@ class _Server:
                 try:
                     _send_frame(ours, _encode(answer))
                 except (ConnectionError, BrokenPipeError):
-                    raise FreshProcessError("the fresh process died before reporting back") from None
+                    raise self.died("the fresh process died before reporting back") from None
         except TimeoutError:
             # By its pidfd: a process id may already name another process. The server then ends the
             # process group it led, before the id is free again.
@@ -223,10 +249,13 @@ class _Server:
             ready, _, _ = select.select([self.control], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise FreshProcessError("the server of fresh processes did not answer in time")
-            message, fds, _, _ = socket.recv_fds(self.control, 65536, 1)
+            try:
+                message, fds, _, _ = socket.recv_fds(self.control, 65536, 1)
+            except OSError:
+                message, fds = b"", []
             if not message:
                 _SERVER.pop("server", None)          # the next task starts another one
-                raise FreshProcessError("the server of fresh processes has ended")
+                raise FreshProcessError(f"the server of fresh processes has ended ({self.why_ended()})")
             reply = json.loads(message)
             if reply.get("id") == request_id and len(fds) == 1:
                 return fds[0]
@@ -245,10 +274,17 @@ def _run_here(payload: bytes):
 
 def in_a_fork(task: Callable, *args, timeout: float = 20.0):
     """``task(*args)`` in a forked child; what it returns, as data. The child holds everything this process
-    holds at the fork, and what it changes dies with it. Errors there come back as FreshProcessError."""
+    holds at the fork, and what it changes dies with it. Errors there come back as FreshProcessError.
+
+    Every process the task starts dies before the call returns, however it detached (a double fork, a
+    process group of its own): for the call, this process adopts the orphans below it (a child subreaper:
+    the learner's code, which runs in the child, cannot undo that), and once the child has ended it ends
+    each process it adopted. So nothing a learner's save left running can hand the save's memory to the
+    fresh process that resumes after it."""
     from ..checking import silence_this_process
     if not hasattr(os, "fork"):
         return _outcome(_decode(_encode(_call(task, args))))
+    adopting = _Adopting()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:     # the child: never return into the caller's code, never write to its outputs
@@ -261,14 +297,14 @@ def in_a_fork(task: Callable, *args, timeout: float = 20.0):
                 data = _encode(outcome)
             except Exception as exc:      # noqa: BLE001
                 data = _encode({"error": f"it returned something that is not data ({exc})", "where": ""})
-            with os.fdopen(write_end, "wb") as out:
-                out.write(data)
+            with os.fdopen(write_end, "wb") as out:      # its length first: a process the task left
+                out.write(len(data).to_bytes(8, "big") + data)    # holding the pipe keeps it open
         finally:
             os._exit(0)
     os.close(write_end)
-    chunks, deadline = [], time.monotonic() + timeout
+    received, deadline = bytearray(), time.monotonic() + timeout
     try:
-        while True:
+        while len(received) < 8 or len(received) < 8 + int.from_bytes(received[:8], "big"):
             ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 os.kill(pid, signal.SIGKILL)
@@ -276,13 +312,79 @@ def in_a_fork(task: Callable, *args, timeout: float = 20.0):
             chunk = os.read(read_end, 1 << 20)
             if not chunk:
                 break
-            chunks.append(chunk)
+            received += chunk
     finally:
         os.close(read_end)
         os.waitpid(pid, 0)
-    if not chunks:
+        adopting.end()
+    if len(received) < 8 or len(received) < 8 + int.from_bytes(received[:8], "big"):
         raise FreshProcessError("the process died before reporting back")
-    return _outcome(_decode(b"".join(chunks)))
+    return _outcome(_decode(bytes(received[8:])))
+
+
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+class _Adopting:
+    """From here to ``end()``, this process adopts every orphan below it; ``end()`` SIGKILLs each process
+    that became its child meanwhile, round after round (each one ended hands its own children up), then
+    puts the setting back. Where the machine has no subreaper (not Linux), nothing is adopted or ended."""
+
+    def __init__(self):
+        import ctypes
+        self.previous = None
+        try:
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            flag = ctypes.c_int(0)
+            if self.libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and \
+                    self.libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+                self.previous = flag.value
+        except (OSError, AttributeError):
+            pass
+        self.before = set(_children())
+
+    def end(self, rounds: int = 1000) -> int:
+        """End what was adopted; how many processes that was."""
+        if self.previous is None:
+            return 0
+        ended = 0
+        try:
+            for _ in range(rounds):
+                adopted = [child for child in _children() if child not in self.before]
+                if not adopted:
+                    break
+                for pid, _ in adopted:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                        ended += 1
+                for pid, _ in adopted:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, 0)
+        finally:
+            self.libc.prctl(_PR_SET_CHILD_SUBREAPER, self.previous, 0, 0, 0)
+        return ended
+
+
+def _children() -> list[tuple[int, bytes]]:
+    """This process's children, each as (pid, start time): a pid alone may name a later process."""
+    found = []
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/children") as f:
+                pids = [int(pid) for pid in f.read().split()]
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    found.append((pid, f.read().rsplit(b")", 1)[1].split()[19]))
+            except (OSError, IndexError):
+                continue
+    return found
 
 
 def _call(task: Callable, args: tuple) -> dict:

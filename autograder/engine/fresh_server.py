@@ -65,6 +65,8 @@ def _serve(control_fd: int) -> None:
     import importlib
 
     from autograder.course import CHECK_MODULES, CHECK_SUPPORT
+    from autograder.engine.fresh_process import _Adopting
+    _Adopting()         # the orphans of its children's children are its own: _reap ends them
     signal.signal(signal.SIGCHLD, _reap)
     control = socket.socket(fileno=control_fd)
     importlib.import_module("autograder.grading.wire")  # torch and NumPy, once
@@ -104,6 +106,8 @@ def _serve_requests(control: socket.socket, allowed: set) -> None:
             if pid is None:      # none yet, or it has ended: one now (a fork refused here ends the server)
                 spare.fork(control, for_a_task=True)
                 pid = spare.take(message, fds[0])
+            if pid is not None:
+                _OWN.add(pid)
             os.close(fds[0])
             try:
                 pidfd = [os.pidfd_open(pid)] if pid is not None else []
@@ -155,6 +159,7 @@ class _Spare:
                 os._exit(0)
         theirs.close()
         self.pid, self.socket = pid, ours
+        _OWN.add(pid)
 
     def take(self, message: bytes, connection_fd: int) -> int | None:
         """Hand the request and its connection to the spare; its pid, or None where it could not."""
@@ -193,20 +198,31 @@ def _warm(module) -> None:
     torch.manual_seed(seed)
 
 
+_OWN: set = set()      # in the server: the children it forked (the spare, the tasks), until reaped
+
+
 def _reap(signum, frame) -> None:
     """In the server, on SIGCHLD: end the process group each ended child led (what it started and left
-    running), while its id still names it (a child's id is free again once it is reaped), then reap it."""
+    running), while its id still names it (a child's id is free again once it is reaped), then reap it.
+    Then end every child it did not fork: orphans of what its children started, which the server adopts
+    (a child subreaper), however they left their group (a double fork, setpgid)."""
+    from autograder.engine.fresh_process import _children
     while True:
         try:
             ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            return
+            break
         if ended is None:
-            return
+            break
         with contextlib.suppress(OSError):
             os.killpg(ended.si_pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(ended.si_pid, 0)
+        _OWN.discard(ended.si_pid)
+        for pid, _ in _children():
+            if pid not in _OWN:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)     # reaped by this loop: its end is a SIGCHLD too
 
 
 def _child(request: dict, connection_fd: int) -> None:
@@ -219,6 +235,9 @@ def _child(request: dict, connection_fd: int) -> None:
                        "OMP_NUM_THREADS": "1"})
     tempfile.tempdir = None
     os.chdir(folder)
+    devnull = os.open(os.devnull, os.O_WRONLY)     # not the server's log: nothing of a task is kept there
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
     _close_all_but(connection_fd)
     confine(list(request["readable"]), [folder], list(request.get("listable", [])))
     connection = socket.socket(fileno=connection_fd)

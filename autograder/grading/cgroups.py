@@ -164,7 +164,7 @@ def sweep() -> None:
             remove_tree(str(folder))
 
 
-FOLDER_PREFIXES = ("workbook-judge-",)
+FOLDER_PREFIXES = ("workbook-judge-", "workbook-import-")     # scratch folders; layout.import_root()
 
 
 def _tag_of(name: str, prefix: str) -> str | None:

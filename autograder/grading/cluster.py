@@ -26,8 +26,9 @@ import platform
 import nbformat
 
 from autograder.contract import is_test_cell, nbgrader_meta
-from autograder.course import NOTEBOOKS, REPO_ROOT
+from autograder.course import NOTEBOOKS
 from autograder.grading.judge import NOT_GRADABLE, Judgement, Policy, Verdict, error_output, judge_notebook
+from autograder.grading.layout import package_digest
 
 RESOURCE_PREFIX = "workbook-course-"
 CONNECT_SECONDS = 10
@@ -46,10 +47,7 @@ def course_fingerprint() -> dict[str, str]:
     for notebook in NOTEBOOKS:
         for cell in filter(is_test_cell, nbformat.read(notebook.source(), as_version=4).cells):
             hidden_tests.update(f"{notebook.folder}/{nbgrader_meta(cell)['grade_id']}\n{cell.source}\n".encode())
-    code = hashlib.sha256()
-    for path in sorted((REPO_ROOT / "autograder").rglob("*.py")):
-        code.update(f"{path.relative_to(REPO_ROOT)}\n".encode() + path.read_bytes())
-    return {"hidden tests": hidden_tests.hexdigest()[:16], "check modules and grader": code.hexdigest()[:16],
+    return {"hidden tests": hidden_tests.hexdigest()[:16], "check modules and grader": package_digest()[:16],
             "torch": torch.__version__, "python": platform.python_version()}
 
 

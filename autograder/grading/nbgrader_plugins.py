@@ -63,6 +63,14 @@ class JudgeInSandbox(NbGraderPreprocessor):
             self.log.warning("Test cells missing from the submission, put back from the gradebook: %s",
                              ", ".join(restored))
         from autograder.grading.judge import Policy, apply_judgement, judge_notebook
+        if not self._said:
+            from autograder.grading import layout
+            try:          # the course's notebooks are judged by the course's own checks, or not at all
+                layout.refuse_disagreement(Path(self._protected(resources)[0]))
+            except layout.LayoutRefused as refused:
+                self.log.error("%s", refused)
+                JudgeInSandbox._said[:] = [refused]
+                raise
         unreadable = nb.metadata.get(UNREADABLE)
         if unreadable:
             from autograder.grading.cluster import not_gradable

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 import autograder
-from autograder.grading import cgroups, scratch, server, wire
+from autograder.grading import cgroups, layout, scratch, server, wire
 from autograder.grading import zygote as sandbox_zygote
 from autograder.grading.watchdog import Watchdog
 
@@ -175,11 +175,12 @@ class Sandbox:
         self.watchdog.start()
         config = {"limits": dataclasses.asdict(self.limits), "cgroup": self._cgroup,
                   "scratch": str(self.scratch), "protected": self.protected, "without": sorted(without),
-                  "readable": readable_paths(tuple(self.protected)), "writable": ["/dev/shm", "/dev/null"]}
+                  "readable": readable_paths(tuple(self.protected)) + [layout.import_root()],
+                  "writable": ["/dev/shm", "/dev/null"]}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
                "TMPDIR": str(tmp), "MPLCONFIGDIR": str(home / "mpl"), "MPLBACKEND": "Agg",
                "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONPATH": str(PACKAGE_DIR.parent), "PYTHONWARNINGS": "ignore"}
+               "PYTHONPATH": layout.import_root(), "PYTHONWARNINGS": "ignore"}
         try:
             if sandbox_zygote.available():     # forked from a process that imported torch: 2 s sooner
                 self.process = sandbox_zygote.spawn(config, env, home, request_r, response_w, log_w)
