@@ -120,6 +120,12 @@ def _by_value(obj) -> bool:
     return module is None or module.__name__ == "__main__" or not portable.trusted_module(module)
 
 
+def server_pid() -> int | None:
+    """The pid of this process's server of fresh processes, while it runs."""
+    server = _SERVER.get("server")
+    return server.pid if server is not None else None
+
+
 def confinement() -> dict:
     """What a fresh process is confined by on this machine: {"landlock": ABI or 0, "seccomp": bool}."""
     return {"landlock": _landlock_abi(), "seccomp": _seccomp_program() is not None}
@@ -142,16 +148,24 @@ class _Server:
         # What the server prints (a traceback if it cannot start) goes to a file: a task that finds it gone
         # says why, instead of a bare ConnectionResetError. Its children print nowhere (fresh_server._child).
         self.log = os.path.join(own, "server.log")
+        said_pid, says_pid = os.pipe()
         try:
             with open(self.log, "wb") as log:
                 # -I: no PYTHON* variable, no user site, no working directory on sys.path; -B: no .pyc written.
                 launcher = subprocess.Popen(
-                    [_PYTHON, "-I", "-B", "-c", _BOOT, _PACKAGE_ROOT, str(theirs.fileno())],
-                    pass_fds=(theirs.fileno(),), env=env, cwd=own, stdin=subprocess.DEVNULL,
+                    [_PYTHON, "-I", "-B", "-c", _BOOT, _PACKAGE_ROOT, str(theirs.fileno()), str(says_pid)],
+                    pass_fds=(theirs.fileno(), says_pid), env=env, cwd=own, stdin=subprocess.DEVNULL,
                     stdout=log, stderr=log)
+            os.close(says_pid)
             launcher.wait()      # it forks the server and ends: the server is nobody's child to wait for
+            told = os.read(said_pid, 32)
         finally:
             theirs.close()
+            for fd in (said_pid, says_pid):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        # The server's pid: the grading sandbox ends what a call of the learner's code leaves running, not this.
+        self.pid = int(told) if told.isdigit() else None
         self.control, self.lock, self.preloaded = ours, threading.Lock(), set()
 
     def why_ended(self) -> str:
@@ -184,7 +198,7 @@ class _Server:
     def preload(self, module: str) -> None:
         if module not in self.preloaded:
             self.preloaded.add(module)
-            with self.lock:
+            with self.lock, contextlib.suppress(OSError):      # a server that has ended: the task says why
                 self.control.send(json.dumps({"preload": module}).encode())
 
     def run(self, payload: bytes, readable: list, listable: list, timeout: float, serve):

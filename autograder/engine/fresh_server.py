@@ -35,8 +35,11 @@ _MACHINERY = frozenset(os.path.join(os.path.dirname(__file__), f"{name}.py")
 _BOOT = """
 import os, sys
 sys.path.insert(0, sys.argv[1])
-if os.fork():
+server = os.fork()
+if server:
+    os.write(int(sys.argv[3]), str(server).encode())    # its pid, for the caller (fresh_process._Server.pid)
     os._exit(0)
+os.close(int(sys.argv[3]))
 try:
     os.setsid()         # out of the caller's session, so its terminal's signals stay there
 except PermissionError:
@@ -140,15 +143,19 @@ class _Spare:
         if self.pid is not None:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # No SIGCHLD between the fork and _OWN knowing the child: _reap would take it for an orphan.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         try:
             pid = os.fork()
         except OSError:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             ours.close()
             theirs.close()
             if for_a_task:
                 raise
             return
         if pid == 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             try:
                 control.close()
                 ours.close()
@@ -160,6 +167,7 @@ class _Spare:
         theirs.close()
         self.pid, self.socket = pid, ours
         _OWN.add(pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
     def take(self, message: bytes, connection_fd: int) -> int | None:
         """Hand the request and its connection to the spare; its pid, or None where it could not."""

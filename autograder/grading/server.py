@@ -18,6 +18,7 @@ import pickle
 import signal
 import struct
 import sys
+import time
 import types
 import warnings
 
@@ -217,12 +218,38 @@ class Server:
             self.tampered.clear()        # in place: the server's own names must keep their ids
             try:
                 answer = getattr(self, "op_" + op)(*args)
-                if answer is None:                # a fork has answered, with the files it read
-                    continue
             except BaseException as exc:          # noqa: BLE001 (the submission's exception is the answer)
                 answer = {"raised": describe_exception(exc)}
+            finally:
+                self._end_what_calls_started(op)
+            if answer is None:                    # a fork has answered, with the files it read
+                continue
             answer["tampered"] = _list(self.tampered[:12])
             self.send(answer)
+
+    def _end_what_calls_started(self, op: str) -> None:
+        """A check's call or probe of the submission's code leaves nothing running after it: every process
+        of this sandbox that was not there after the previous operation is SIGKILLed, however it detached
+        (a double fork, a group of its own: the sandbox's own /proc lists them all), round after round
+        until none is left. What a cell leaves running stays (at the lowest priority: ``submitted``)."""
+        own = self.report.get("proc") == "own"
+        if own and op in ("call", "probe"):
+            for _ in range(100):
+                running = _processes()
+                kept = _below(running, _machinery())
+                started = [pid for pid, start, _ in running if (pid, start) not in self._running and pid not in kept]
+                if not started:
+                    break
+                for pid in started:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                for pid in started:          # this process's own children: reaped, not left as zombies
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, 0)
+                time.sleep(0.001)
+        self._running = {(pid, start) for pid, start, _ in _processes()} if own else set()
+
+    _running: set = set()      # (pid, start time) of this sandbox's processes after the last operation
 
     def submitted(self, run):
         """Run a submitted cell, then undo any change it made to shared code (and note it)."""
@@ -454,6 +481,48 @@ def _stop_the_others(own_proc: bool) -> list[int]:
                 break
             os.sched_yield()
     return stopped
+
+
+def _processes() -> list[tuple[int, bytes, int]]:
+    """This sandbox's processes (its own /proc), each as (pid, start time, parent); zombies left out."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != b"Z":
+                found.append((int(name), fields[19], int(fields[1])))
+    return found
+
+
+def _machinery() -> set[int]:
+    """The processes the course's own code started to serve many calls: the server of fresh processes and
+    multiprocessing's forkserver and resource tracker (notebooks 04, 07 and 09 start their workers and
+    ranks from it). Ending them after a call would only make the next call start them again."""
+    import multiprocessing.resource_tracker as tracker
+    from autograder.engine import fresh_process
+    pids = {fresh_process.server_pid(), getattr(tracker._resource_tracker, "_pid", None)}
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    if forkserver is not None:
+        pids.add(getattr(forkserver._forkserver, "_forkserver_pid", None))
+    return {pid for pid in pids if pid}
+
+
+def _below(processes: list, roots: set[int]) -> set[int]:
+    """``roots`` and every process below them."""
+    children: dict[int, list[int]] = {}
+    for pid, _, parent in processes:
+        children.setdefault(parent, []).append(pid)
+    found, stack = set(), [pid for pid in roots]
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found.add(pid)
+            stack += children.get(pid, [])
+    return found
 
 
 def _lower_the_rest(own_proc: bool, keep: set) -> None:

@@ -44,8 +44,9 @@ def _leave_a_process(how: str, pid_file: str) -> str:
                 os.close(fd)
             except OSError:
                 pass
-        with open(pid_file, "w") as f:
+        with open(pid_file + ".tmp", "w") as f:
             f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)     # whole or not at all: it may be ended at any moment
         time.sleep(120)
         os._exit(0)
     deadline = time.monotonic() + 10
@@ -133,8 +134,9 @@ def _orphan_in_fresh_process(pid_file: str) -> str:
     if os.fork() == 0:
         os.setpgid(0, 0)               # out of the group the server ends with the task
         if os.fork() == 0:
-            with open("left.pid", "w") as f:
+            with open("left.tmp", "w") as f:
                 f.write(str(os.getpid()))
+            os.rename("left.tmp", "left.pid")
             time.sleep(120)
         os._exit(0)
     deadline = time.monotonic() + 10
@@ -191,3 +193,48 @@ def test_a_save_killed_by_its_time_limit_leaves_nothing(tmp_path):
     with pytest.raises(fresh_process.FreshProcessError, match="did not finish within"):
         fresh_process.in_a_fork(leave_and_hang, pid_file, timeout=3)
     assert not _alive(int(Path(pid_file).read_text())), "what a save left outlived the save's time limit"
+
+
+_IN_THE_SANDBOX = '''
+import os, time
+
+def leave():
+    """Leaves a grandchild in a group of its own, and returns its pid."""
+    read_end, write_end = os.pipe()
+    if os.fork() == 0:
+        os.setpgid(0, 0)
+        if os.fork() == 0:
+            os.write(write_end, str(os.getpid()).encode())
+            time.sleep(120)
+        os._exit(0)
+    os.close(write_end)
+    return int(os.read(read_end, 32))
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+def kept_alive():
+    return alive(kept)
+'''
+
+
+def test_in_the_sandbox_a_call_leaves_nothing_running_and_a_cell_may():
+    """A check's call of the learner's code: what it started is ended before the next operation. A cell
+    (the learner's own notebook) may leave a process running, as in a kernel."""
+    from autograder.grading.sandbox import Sandbox
+    sandbox = Sandbox(cell_seconds=30).start()
+    try:
+        if sandbox.confinement.get("proc") != "own":
+            pytest.skip("the sandbox has no /proc of its own here (no PID namespace)")
+        sandbox.request("exec", _IN_THE_SANDBOX, "<answer cell>")
+        leave, alive = sandbox.request("lookup", "leave"), sandbox.request("lookup", "alive")
+        left = leave()
+        assert alive(left) is False, "a process a check's call started outlived the call"
+        sandbox.request("exec", "kept = leave()", "<a cell that leaves a process>")
+        assert sandbox.request("lookup", "kept_alive")() is True
+    finally:
+        sandbox.close()
