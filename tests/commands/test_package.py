@@ -248,11 +248,13 @@ def submissions(number: str) -> dict:
     return made
 
 
-GRADED = ("01", "05")
-# Gradescope grades every submission of 01 and the right and the trapped answer of 05 (blank and unreadable
-# submissions grade alike in every notebook); PrairieLearn, whose entry point differs only in its layout and
-# format, grades 01's passing, hostile and ungradable ones (each run starts torch, a zygote and a sandbox).
-ON_GRADESCOPE = {"05": ("honest", "trap_no_fsync_latest_by_name")}
+GRADED = ("01", "02", "05")
+# Gradescope grades every submission of 01, the right answer of 02 (its resume runs in a fresh process, a new
+# interpreter that must import the packaged autograder from inside the sandbox) and the right and the trapped
+# answer of 05 (blank and unreadable submissions grade alike in every notebook); PrairieLearn, whose entry
+# point differs only in its layout and format, grades 01's passing, hostile and ungradable ones (each run
+# starts torch, a zygote and a sandbox).
+ON_GRADESCOPE = {"02": ("honest",), "05": ("honest", "trap_no_fsync_latest_by_name")}
 ON_PRAIRIELEARN = {"01": ("honest", "hostile", "not_a_notebook")}
 CASES = [(platform, number, student) for number in GRADED for student in submissions(number) for platform in PLATFORMS
          if student in {"gradescope": ON_GRADESCOPE, "prairielearn": ON_PRAIRIELEARN}[platform].get(

@@ -228,7 +228,6 @@ def test_honest_work_scores_full_marks_and_the_hand_over_scores_nothing(graded):
     assert all(got == full for (student, _, _), (got, full) in scores.items() if student == "honest"), scores
     lost = sorted(cell for (student, _, cell), (got, full) in scores.items() if student == "hostile" and got < full)
     assert {"test_resume_from_full_checkpoint", "test_load_checkpoint"} <= set(lost), lost
-    assert "test_save_checkpoint" not in lost      # it did write the file at path: the resume is what failed
 
 
 @pytest.mark.parametrize("layout", ["course copy", "workbook-grade --jobs 2", "student wheel", "dask worker"])
