@@ -161,9 +161,10 @@ def next_words() -> dict[str, list[int]]:
              "the global NumPy RNG (np.random)": np.random.randint(0, 2**31, WORDS).tolist()}
     torch.set_rng_state(torch_state)
     np.random.set_state(numpy_state)
-    info = get_worker_info()
+    info, seen = get_worker_info(), set()
     for name, value in sorted(getattr(info.dataset, "__dict__", {}).items() if info else ()):
-        held = _words_of(value)
+        held = None if id(value) in seen else _words_of(value)   # one generator under two names is one stream
+        seen.add(id(value))
         if held is not None:
             words[f"the dataset's {name} ({held[0]})"] = held[1]
     return words

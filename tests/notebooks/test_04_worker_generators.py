@@ -169,6 +169,8 @@ def test_spawn_sends_a_notebook_defined_dataset_as_a_pickled_copy(monkeypatch):
     cells = _as_notebook_cells()
     message = failure_of(checks.check_LazyNoisyDataset_peek, cells["LazyOnceInWhicheverProcess"])
     assert message and "drew exactly the same" in message
+    message = failure_of(checks.check_LazyNoisyDataset_workers, cells["LazySeededLikeGlobal"])
+    assert message and "the dataset's generator (torch.Generator) and the global torch RNG" in message
 
 
 def test_the_worker_seeds_read_through_public_api():
