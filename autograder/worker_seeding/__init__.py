@@ -8,9 +8,10 @@ checks run the learner's code in real worker processes (num_workers >= 2), read
 back which worker drew which values, and compare the streams across workers,
 across epochs and across two loaders built with the same seed. Every item must
 carry a new draw (a generator made anew per item from one seed repeats it), and no
-dataset generator may repeat a global RNG's stream: seeded with ``torch.initial_seed()``
-itself, a ``torch.Generator`` draws what the worker's global torch RNG draws, so a
-transform using the global RNG repeats the dataset's noise (``tag_with_global_next``).
+two generators of the workers may be one stream: seeded with ``torch.initial_seed()``
+itself, a ``torch.Generator`` draws what the worker's global torch RNG draws, and
+``np.random.seed(torch.initial_seed() % 2**32)`` makes NumPy's global RNG draw the same
+raw words too (``tag_with_next_words`` reads every stream's next words in the worker).
 
 Graded mode. The workers must be forked where the learner's ``seed_worker`` and
 ``LazyNoisyDataset`` live, so the loader runs in a probe (``probe_worker_streams``):
@@ -35,8 +36,8 @@ and the forkserver's preload (``autograder.worker_seeding``) import every name f
 
 from .lazy_dataset import (check_LazyNoisyDataset_epochs, check_LazyNoisyDataset_peek,  # noqa: F401
                            check_LazyNoisyDataset_reproducible, check_LazyNoisyDataset_workers)
-from .loaders import (GlobalRngDataset, NoisyDataset, WorkerFailed, default_start_method,  # noqa: F401
-                      documented_seed_worker, probe_first_item, probe_peek_then_streams, probe_worker_streams,
-                      tag_with_global_next, tag_with_worker_id, worker_streams, worker_streams_and_global_next)
-from .seed_worker import (check_seed_worker_epochs, check_seed_worker_reproducible,  # noqa: F401
-                          check_seed_worker_workers)
+from .loaders import (AugmentedSamples, GlobalRngDataset, NoisyDataset, TorchAndNumpyAugmentations,  # noqa: F401
+                      WorkerFailed, default_start_method, documented_seed_worker, probe_first_item, probe_peek_then_streams, probe_worker_streams,
+                      tag_with_next_words, tag_with_worker_id, worker_streams, worker_streams_and_next_words)
+from .seed_worker import (check_seed_worker_epochs, check_seed_worker_independent,  # noqa: F401
+                          check_seed_worker_reproducible, check_seed_worker_workers)

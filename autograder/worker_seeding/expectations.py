@@ -103,43 +103,60 @@ def _expect_new_draw_per_item(epoch, what: str) -> None:
                     f"pairs give different seeds, e.g. np.random.SeedSequence([seed, index]).")
 
 
-_DISTINCT_SEEDS_HINT = ("Derive a separate seed for each generator from torch.initial_seed(), e.g. "
-                        "np.random.SeedSequence(torch.initial_seed()).spawn(2), so that no generator of the "
-                        "dataset repeats a global one.")
+_DISTINCT_SEEDS_HINT = ("Give each generator a seed of its own derived from torch.initial_seed(), e.g. "
+                        "np.random.SeedSequence(torch.initial_seed()).spawn(2), and leave the global RNGs as "
+                        "PyTorch seeded them (or reseed each with a child seed of its own).")
 
 
-def _expect_not_a_global_stream(epoch, global_next, what: str) -> None:
-    """No worker's first draw is what some worker's global RNG would draw next (global_next: per worker,
-    [torch float64, torch float32, NumPy] read in that worker after its first batch, the RNGs left as
-    they were). A dataset generator seeded with a global RNG's seed repeats that RNG's stream; one that
-    draws from the global RNG itself has moved it on, so its draw is never the next one."""
-    for column, name in enumerate(COLUMNS):
-        for worker_id in sorted(epoch):
-            if not len(epoch[worker_id]):
+def _shared_words(words_a: list[int], words_b: list[int]) -> list[int]:
+    """The words two windows share, in a's order. Two independent streams share none: 2 coincidences of
+    31-bit words among 32 x 32 pairs happen with probability about 1e-13."""
+    shared = set(words_a) & set(words_b)
+    return [w for w in words_a if w in shared]
+
+
+def _expect_independent_streams(next_words: dict[int, dict[str, list[int]]], what: str,
+                                hint: str = _DISTINCT_SEEDS_HINT) -> None:
+    """No two streams of the workers are one (next_words: per worker, {stream: its next raw words after the
+    worker's first batch}): not a dataset generator and a global RNG, not the global torch RNG and the
+    global NumPy one, not one global RNG in two workers. Two copies of one dataset generator are left to
+    ``_expect_workers_differ``, whose trap that is."""
+    streams = [(worker, name, words) for worker in sorted(next_words)
+               for name, words in sorted(next_words[worker].items())]
+    for i, (worker_a, a, words_a) in enumerate(streams):
+        for worker_b, b, words_b in streams[i + 1:]:
+            if a == b and (worker_a == worker_b or not a.startswith("the global")):
                 continue
-            first = epoch[worker_id][0, column].item()
-            for other in sorted(global_next):
-                upcoming = global_next[other].tolist()
-                candidates = upcoming[:2] if column == 0 else upcoming[2:]
-                if first not in candidates:
-                    continue
-                rng = "torch RNG" if column == 0 else "NumPy RNG (np.random)"
-                whose = "its own" if other == worker_id else f"worker {other}'s"
+            shared = _shared_words(words_a, words_b)
+            if len(shared) < 2:
+                continue
+            shown = ", ".join(str(w) for w in shared[:3])
+            if a == b:
                 raise AssertionError(
-                    f"{what}, the first {name} draw of worker {worker_id} ({first:.4f}) is exactly the next "
-                    f"number {whose} global {rng} gives: the dataset's generator was seeded with the number "
-                    f"that global RNG was seeded with (inside a worker, torch.initial_seed() is the global torch "
-                    f"RNG's seed), so the two produce one stream. A random transform that draws from the global "
-                    f"RNG (torchvision's do) then repeats the dataset's noise exactly. {_DISTINCT_SEEDS_HINT}")
+                    f"{what}, {a} gives the same numbers in workers {worker_a} and {worker_b} (the same raw "
+                    f"32-bit words: {shown}, ...): it was seeded with the same number in both, so every worker's "
+                    f"augmentations that draw from it are one stream. {hint}")
+            pair = (f"{a} and {b} of worker {worker_a}" if worker_a == worker_b
+                    else f"{a} of worker {worker_a} and {b} of worker {worker_b}")
+            recipe = (" np.random.seed(torch.initial_seed() % 2**32), the recipe of PyTorch's reproducibility "
+                      "notes, does exactly this."
+                      if {a, b} == {"the global torch RNG", "the global NumPy RNG (np.random)"} else "")
+            raise AssertionError(
+                f"{what}, {pair} are one stream: the next numbers they give are the same raw 32-bit "
+                f"words ({shown}, ...). They were seeded with the same number: torch's generators and NumPy's "
+                f"legacy np.random are all Mersenne Twisters that keep the low 32 bits of a seed, and inside a "
+                f"worker torch.initial_seed() is the seed PyTorch gave the global torch RNG.{recipe} A "
+                f"torch-based and a NumPy-based augmentation, or the dataset's noise and a random transform, "
+                f"then draw the same numbers. {hint}")
 
 
 def _expect_own_streams(seen: dict, what: str, copied_hint: str) -> None:
     """Each worker's streams are its own: not a copy of another worker's, a new draw for every item, and
-    not the stream of a global RNG."""
-    epoch, global_next = seen["streams"][0], seen["global_next"][0]
+    not one stream with another generator of the workers."""
+    epoch = seen["streams"][0]
     _expect_workers_differ(epoch, what, copied_hint)
     _expect_new_draw_per_item(epoch, what)
-    _expect_not_a_global_stream(epoch, global_next, what)
+    _expect_independent_streams(seen["next_words"][0], what)
 
 
 def _expect_epochs_differ(first, second, what: str, hint: str) -> None:

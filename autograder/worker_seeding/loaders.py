@@ -79,30 +79,105 @@ class GlobalRngDataset(Dataset):
                 "np.random.random()": np.random.random()}
 
 
+class TorchAndNumpyAugmentations(Dataset):
+    """Two random transforms per item, drawn from the worker's global RNGs as real pipelines draw them: a
+    torch-based one picks one of 4 rotations (``torch.randint``), a NumPy-based one one of 4 crops
+    (``np.random.randint``)."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        rotation = torch.randint(4, ()).item()
+        crop = np.random.randint(4)
+        return torch.tensor([rotation, crop], dtype=torch.float64)
+
+
+class AugmentedSamples(Dataset):
+    """Each item: its sample id, a draw from the worker's global torch RNG (as torchvision's random
+    transforms draw), and a draw from a generator made for this sample alone, seeded from
+    (seed, epoch, index) mixed by a SeedSequence. ``set_epoch`` before each epoch's iterator."""
+
+    def __init__(self, size: int = 12, seed: int = 0):
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch   # workers get a copy of the dataset when the epoch's iterator starts
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        sample_seed = np.random.SeedSequence([self.seed, self.epoch, index]).generate_state(1, np.uint64)[0]
+        per_sample = torch.Generator().manual_seed(int(sample_seed))
+        return torch.tensor([index, torch.rand((), dtype=torch.float64).item(),
+                             torch.rand((), generator=per_sample, dtype=torch.float64).item()], dtype=torch.float64)
+
+
 def tag_with_worker_id(batch):
     """A collate_fn: runs inside the worker, so it can say which worker built the batch."""
     info = get_worker_info()
     return (info.id if info else -1), default_collate(batch)
 
 
-def tag_with_global_next(batch):
-    """``tag_with_worker_id``, plus what the worker's global RNGs would draw next, read without drawing.
+WORDS = 32   # raw words read from each stream: two streams that are one share all but their offset's
 
-    It runs in the worker after the batch's items were drawn: [torch.rand as float64, torch.rand as
-    float32, np.random.random()], each from the global RNG's current state, which is put back. A dataset
-    generator seeded with the number a global RNG was seeded with repeats that global stream: its first
-    draw is the global RNG's next one while nothing drew from the global RNG yet. A dataset that draws
-    from the global RNG itself has moved it on, so its draw is never the next one.
+
+def _words_of(rng) -> tuple[str, list[int]] | None:
+    """(what ``rng`` is, its next ``WORDS`` raw 32-bit words with the top bit dropped), read without moving
+    it on (its state is put back); None for what is no generator or is a global RNG.
+
+    torch's ``int32`` ``random_()`` and NumPy's legacy ``randint(2**31)`` both return one raw word of the
+    MT19937 stream per draw with its top bit dropped (tests/notebooks/test_04 holds both to it), so a torch
+    stream and a NumPy stream seeded alike give the same numbers here. A PCG64 (``default_rng``) gives
+    words of its own.
+    """
+    if isinstance(rng, torch.Generator) and rng is not torch.default_generator:
+        state = rng.get_state()
+        words = torch.empty(WORDS, dtype=torch.int32).random_(generator=rng).tolist()
+        rng.set_state(state)
+        return "torch.Generator", words
+    if isinstance(rng, np.random.RandomState) and rng is not np.random.mtrand._rand:
+        state = rng.get_state()
+        words = rng.randint(0, 2**31, WORDS).tolist()
+        rng.set_state(state)
+        return "NumPy RandomState", words
+    if isinstance(rng, np.random.Generator):
+        state = rng.bit_generator.state
+        words = (rng.bit_generator.random_raw(WORDS) & 0x7FFFFFFF).tolist()
+        rng.bit_generator.state = state
+        return f"NumPy Generator, {type(rng.bit_generator).__name__}", words
+    return None
+
+
+def next_words() -> dict[str, list[int]]:
+    """In a worker: {stream: its next raw words} for the global torch and NumPy RNGs and every generator
+    the worker's copy of the dataset holds, each left where it was (``_words_of``)."""
+    torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()
+    words = {"the global torch RNG": torch.empty(WORDS, dtype=torch.int32).random_().tolist(),
+             "the global NumPy RNG (np.random)": np.random.randint(0, 2**31, WORDS).tolist()}
+    torch.set_rng_state(torch_state)
+    np.random.set_state(numpy_state)
+    info, seen = get_worker_info(), set()
+    for name, value in sorted(getattr(info.dataset, "__dict__", {}).items() if info else ()):
+        held = None if id(value) in seen else _words_of(value)   # one generator under two names is one stream
+        seen.add(id(value))
+        if held is not None:
+            words[f"the dataset's {name} ({held[0]})"] = held[1]
+    return words
+
+
+def tag_with_next_words(batch):
+    """``tag_with_worker_id``, plus ``next_words()`` read in the worker after the batch's items were drawn.
+
+    A dataset generator seeded with the number a global RNG was seeded with, or two generators seeded
+    alike, are one stream: their next words coincide (shifted by what each drew already).
     """
     worker_id, collated = tag_with_worker_id(batch)
-    torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()
-    as_float64 = torch.rand((), dtype=torch.float64).item()
-    torch.set_rng_state(torch_state)
-    as_float32 = torch.rand((), dtype=torch.float32).item()
-    torch.set_rng_state(torch_state)
-    numpy_next = float(np.random.random())
-    np.random.set_state(numpy_state)
-    return worker_id, collated, torch.tensor([as_float64, as_float32, numpy_next], dtype=torch.float64)
+    return worker_id, collated, next_words()
 
 
 def documented_seed_worker(worker_id: int) -> None:
@@ -173,36 +248,37 @@ def worker_streams(dataset, worker_init_fn=None, seed: int = 0, num_workers: int
     return result
 
 
-def worker_streams_and_global_next(dataset, worker_init_fn=None, seed: int = 0, num_workers: int = 2,
-                                   epochs: int = 1, batch_size: int = 2):
-    """``worker_streams``, and per epoch {worker id: what its global RNGs would have drawn next after its
-    first batch} (``tag_with_global_next``)."""
-    streams, global_next = [], []
+def worker_streams_and_next_words(dataset, worker_init_fn=None, seed: int = 0, num_workers: int = 2,
+                                  epochs: int = 1, batch_size: int = 2):
+    """``worker_streams``, and per epoch {worker id: the next raw words of each of its streams after its
+    first batch} (``tag_with_next_words``)."""
+    streams, next_words = [], []
     for batches in _loader_epochs(dataset, worker_init_fn, seed, num_workers, epochs, batch_size, None,
-                                  tag_with_global_next):
+                                  tag_with_next_words):
         per_worker: dict[int, list] = {w: [] for w in range(num_workers)}
-        first_next: dict[int, torch.Tensor] = {}
+        first_next: dict[int, dict[str, list[int]]] = {}
         for worker_id, batch, following in batches:
             per_worker[worker_id].append(_rows(batch))
             first_next.setdefault(worker_id, following)
         streams.append({w: torch.cat(rows) if rows else torch.empty(0, 2) for w, rows in per_worker.items()})
-        global_next.append(first_next)
-    return streams, global_next
+        next_words.append(first_next)
+    return streams, next_words
 
 
 # ---------------------------------------------------------------------------------------------
 # Probes: they run where the learner's code lives (the sandbox, in graded mode) and return data
 
 def probe_worker_streams(dataset, worker_init_fn, seed: int, num_workers: int, epochs: int = 1) -> dict:
-    """Run ``worker_streams_and_global_next`` on ``dataset``: {"streams": per epoch, {worker id: the rows it
-    drew}, "global_next": per epoch, {worker id: its global RNGs' next draws after its first batch}}, or
-    {"worker_error": the error a worker raised}, as data (a ``WorkerFailed`` would not travel as one)."""
+    """Run ``worker_streams_and_next_words`` on ``dataset``: {"streams": per epoch, {worker id: the rows it
+    drew}, "next_words": per epoch, {worker id: {stream: its next raw words after the worker's first
+    batch}}}, or {"worker_error": the error a worker raised}, as data (a ``WorkerFailed`` would not travel
+    as one)."""
     try:
-        streams, global_next = worker_streams_and_global_next(dataset, worker_init_fn, seed=seed,
-                                                              num_workers=num_workers, epochs=epochs)
+        streams, next_words = worker_streams_and_next_words(dataset, worker_init_fn, seed=seed,
+                                                            num_workers=num_workers, epochs=epochs)
     except WorkerFailed as exc:
         return {"worker_error": str(exc)}
-    return {"streams": streams, "global_next": global_next}
+    return {"streams": streams, "next_words": next_words}
 
 
 def probe_peek_then_streams(dataset, seed: int, num_workers: int) -> dict:

@@ -5,8 +5,8 @@ learner's function as ``worker_init_fn``.
 from __future__ import annotations
 
 from ..checking import graded_check
-from .expectations import (_EPOCH_HINT, _expect_epochs_differ, _expect_own_streams, _expect_reproducible, _shape_ok,
-                           _shared_run)
+from .expectations import (_EPOCH_HINT, _expect_epochs_differ, _expect_independent_streams, _expect_new_draw_per_item,
+                           _expect_reproducible, _expect_workers_differ, _shape_ok, _shared_run)
 from .loaders import NoisyDataset
 
 
@@ -21,9 +21,18 @@ def _seed_worker_run(seed_worker, seed: int, num_workers: int, size: int, epochs
 
 @graded_check("seed_worker: each worker draws its own augmentation stream")
 def check_seed_worker_workers(seed_worker, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
-    seen = _seed_worker_run(seed_worker, seed, num_workers, size, epochs=1)
-    _shape_ok(seen["streams"], "NoisyDataset")
-    _expect_own_streams(seen, "With worker_init_fn=seed_worker", _SEED_WORKER_HINT)
+    (epoch,) = _seed_worker_run(seed_worker, seed, num_workers, size, epochs=1)["streams"]
+    _shape_ok([epoch], "NoisyDataset")
+    _expect_workers_differ(epoch, "With worker_init_fn=seed_worker", _SEED_WORKER_HINT)
+    _expect_new_draw_per_item(epoch, "With worker_init_fn=seed_worker")
+
+
+@graded_check("seed_worker: no two generators of a worker draw one stream")
+def check_seed_worker_independent(seed_worker, seed: int = 0, num_workers: int = 2, size: int = 16) -> None:
+    # The dataset's generators and the global torch and NumPy RNGs, in every worker: a generator seeded
+    # with another's seed (torch.initial_seed() is the global torch RNG's) repeats its stream.
+    (next_words,) = _seed_worker_run(seed_worker, seed, num_workers, size, epochs=1)["next_words"]
+    _expect_independent_streams(next_words, "With worker_init_fn=seed_worker")
 
 
 @graded_check("seed_worker: a new epoch brings new augmentations")

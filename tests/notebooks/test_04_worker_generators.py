@@ -62,6 +62,55 @@ def test_a_generator_seeded_with_the_global_seed_repeats_the_global_stream():
     assert not any(torch.equal(rows[:, 0], rows[:, 2]) for rows in epoch.values())
 
 
+def test_torch_and_numpys_legacy_global_rng_seeded_alike_give_the_same_words():
+    """What section 3.1 shows and check_seed_worker_independent reads: torch's MT19937 and NumPy's legacy one
+    take a seed's low 32 bits the same way, so they give the same raw words (torch's int32 random_() and
+    NumPy's randint(2**31) show one word a draw, top bit dropped); a draw among 4 keeps its low bits in
+    both. In real workers the documented recipe makes a torch and a NumPy transform one choice."""
+    seed = 2**40 + 1234
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    assert torch.empty(64, dtype=torch.int32).random_().tolist() == np.random.randint(2**31, size=64).tolist()
+    generator = torch.Generator().manual_seed(seed)
+    legacy = np.random.RandomState(seed % 2**32)
+    assert [torch.randint(4, (), generator=generator).item() for _ in range(16)] == legacy.randint(4, size=16).tolist()
+    (recipe,) = checks.worker_streams(checks.TorchAndNumpyAugmentations(16), checks.documented_seed_worker)
+    assert all(torch.equal(rows[:, 0], rows[:, 1]) for rows in recipe.values())
+    (own,) = checks.worker_streams(checks.TorchAndNumpyAugmentations(16), None)
+    assert not any(torch.equal(rows[:, 0], rows[:, 1]) for rows in own.values())
+    words = checks.loaders._words_of
+    assert words(torch.Generator().manual_seed(7))[1] == words(np.random.RandomState(7))[1]
+    assert words(torch.Generator().manual_seed(7))[1] != words(np.random.default_rng(7))[1]
+
+
+def test_a_resume_mid_epoch_with_workers_keeps_the_samples_not_the_augmentations():
+    """Section 5: a StatefulDataLoader resumed mid-epoch with 2 workers gives the same sample ids, other
+    draws from the worker's RNG (the epoch's base_seed is put back, so each worker starts over), and the
+    same per-sample draws, seeded from (seed, epoch, index), which also hold without workers."""
+    from autograder.complete_checkpoint import stateful_loader
+
+    def loader():
+        return stateful_loader(checks.AugmentedSamples(12, seed=0), batch_size=2, shuffle=True, num_workers=2,
+                               generator=torch.Generator().manual_seed(0), multiprocessing_context="fork")
+
+    uninterrupted = torch.cat(list(loader()))
+    stopped = loader()
+    batches = iter(stopped)
+    trained = torch.cat([next(batches) for _ in range(3)])
+    state = stopped.state_dict()
+    del batches
+    resumed_loader = loader()
+    resumed_loader.load_state_dict(state)
+    resumed, after_stop = torch.cat(list(resumed_loader)), uninterrupted[len(trained):]
+    assert torch.equal(resumed[:, 0], after_stop[:, 0])
+    assert not (resumed[:, 1] == after_stop[:, 1]).any() and torch.isin(resumed[:, 1], trained[:, 1]).any()
+    assert torch.equal(resumed[:, 2], after_stop[:, 2])
+    alone = checks.AugmentedSamples(12, seed=0)
+    assert torch.equal(torch.stack([alone[i] for i in resumed[:, 0].long().tolist()])[:, 2], after_stop[:, 2])
+    alone.set_epoch(1)
+    assert not torch.equal(alone[0][2:], checks.AugmentedSamples(12, seed=0)[0][2:])
+
+
 class NoisyWithGlobalTransform(checks.NoisyDataset):
     """NoisyDataset's two draws, then a transform's draw from the worker's global torch RNG."""
 
@@ -109,6 +158,9 @@ def test_spawn_runs_a_notebook_defined_seed_worker(monkeypatch):
     monkeypatch.setenv("WORKBOOK_WORKER_START", "spawn")
     cells = _as_notebook_cells()
     assert failure_of(checks.check_seed_worker_workers, cells["seed_worker_child_seeds"]) is None
+    assert failure_of(checks.check_seed_worker_independent, cells["seed_worker_child_seeds"]) is None
+    assert "are one stream" in failure_of(checks.check_seed_worker_independent,
+                                          cells["seed_worker_documented_recipe_on_top"])
 
 
 def test_spawn_sends_a_notebook_defined_dataset_as_a_pickled_copy(monkeypatch):
@@ -117,6 +169,8 @@ def test_spawn_sends_a_notebook_defined_dataset_as_a_pickled_copy(monkeypatch):
     cells = _as_notebook_cells()
     message = failure_of(checks.check_LazyNoisyDataset_peek, cells["LazyOnceInWhicheverProcess"])
     assert message and "drew exactly the same" in message
+    message = failure_of(checks.check_LazyNoisyDataset_workers, cells["LazySeededLikeGlobal"])
+    assert message and "the dataset's generator (torch.Generator) and the global torch RNG" in message
 
 
 def test_the_worker_seeds_read_through_public_api():
