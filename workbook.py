@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """One entry point for learners, instructors and CI. Needs only Python >= 3.10 and pip.
 
-    python3 workbook.py lab       create or reuse .venv, then open JupyterLab on notebooks/
-                                  (--instructor: on the course root, for nbgrader's formgrader)
+    python3 workbook.py lab       create or reuse .venv, then open JupyterLab on notebooks/ with
+                                  nbgrader's Validate button and assignment list (--instructor: on
+                                  the course root, with the formgrader and Create Assignment too)
     python3 workbook.py test      create or reuse .venv, then run the test suite
     python3 workbook.py check     grade my notebooks (workbook-check; add 01 or a path)
     python3 workbook.py demo 01   render a notebook with solutions and outputs to HTML (classroom)
@@ -25,6 +26,7 @@ The environment is reinstalled only when pyproject.toml has changed.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -115,21 +117,50 @@ def release(names: list[str]) -> int:
     return run([str(PYTHON), "-m", "autograder.commands.release", *names])
 
 
+COMMANDS = ("lab", "test", "check", "demo", "present", "grade", "worker", "release", "package")
+
+# nbgrader's instructor tools: a learner's JupyterLab leaves them out (they work on the course's solutions/
+# and gradebook, which a learner does not have), as deploy/jupyterhub/setup_hub.sh does for students.
+INSTRUCTOR_LAB_PLUGINS = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
+                          "@jupyter/nbgrader:course-list")
+INSTRUCTOR_SERVER_EXTENSIONS = ("nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list")
+# For everyone: no "fetch official Jupyter news?" pop-up, no news or update check over the network.
+LAB_SETTING_OVERRIDES = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
+
+
+def lab_arguments(instructor: bool) -> list[str]:
+    """jupyter lab's arguments: a learner's lab on notebooks/, or an instructor's on the course root.
+
+    Its settings folder (written into .venv) holds the page config that disables the instructor's plugins
+    for a learner, and the settings' defaults."""
+    settings = VENV / "lab-settings" / ("instructor" if instructor else "learner")
+    settings.mkdir(parents=True, exist_ok=True)
+    hidden = {} if instructor else dict.fromkeys(INSTRUCTOR_LAB_PLUGINS, True)
+    (settings / "page_config.json").write_text(json.dumps({"disabledExtensions": hidden, "lockedExtensions": hidden}))
+    (settings / "overrides.json").write_text(json.dumps(LAB_SETTING_OVERRIDES))
+    arguments = [f"--ServerApp.root_dir={'.' if instructor else 'notebooks'}", f"--LabApp.app_settings_dir={settings}",
+                 "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if not instructor:
+        arguments.append(f"--ServerApp.jpserver_extensions={dict.fromkeys(INSTRUCTOR_SERVER_EXTENSIONS, False)}")
+    return arguments
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"lab", "test", "check", "demo", "present", "grade", "worker", "release",
-                                       "package"}:
+    if argv and argv[0] in {"-h", "--help"}:
+        print(__doc__)
+        return 0
+    if not argv or argv[0] not in COMMANDS:
         print(__doc__)
         return 2
     command, extra = argv[0], argv[1:]
     ensure_environment()
     if command == "lab":
-        root = "notebooks"
-        if "--instructor" in extra:  # the formgrader links into solutions/: serve the course root
-            extra, root = [a for a in extra if a != "--instructor"], "."
+        instructor = "--instructor" in extra  # the formgrader links into solutions/: serve the course root
+        extra = [a for a in extra if a != "--instructor"]
         if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
             say("running as root (a container?): passing --allow-root to JupyterLab")
             extra = ["--allow-root", *extra]
-        return run([str(BIN / "jupyter"), "lab", f"--ServerApp.root_dir={root}", *extra])
+        return run([str(BIN / "jupyter"), "lab", *lab_arguments(instructor), *extra])
     if command == "test":
         return run([str(PYTHON), "-m", "pytest", *extra])
     if command == "check":

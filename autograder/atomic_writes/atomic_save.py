@@ -24,7 +24,7 @@ def check_atomic_save_crash(atomic_save, seed: int = 0, trials: int = 6, layers:
                                  f"{'nothing' if outcome == 'missing' else 'something else'} ({detail}).")
     # Then over an old checkpoint, watched: what path holds after each file operation (a crash can come
     # between any two of them, not only where the trials below land by byte counts), and whether path was
-    # written in place. What this finds, it finds every time; the trials' kills race the writer.
+    # written in place. What this finds, it finds every time; the trials find what a kill at a byte leaves.
     with _watched_save(atomic_save, seed, layers=2) as (_, path, events):
         window = _window_problem(events, path)
     expect(window is None, window)
@@ -42,8 +42,8 @@ def check_atomic_save_crash(atomic_save, seed: int = 0, trials: int = 6, layers:
     expect(not failed, f"atomic_save raised an error in {len(failed)} of {trials} trial processes.")
 
 
-@graded_check("atomic_save: the temp file is a *.tmp file in the checkpoint's own directory, named without "
-              "touching the global RNGs")
+@graded_check("atomic_save: the temp file is a *.tmp file in the checkpoint's own directory, under a name of "
+              "its own for each save, drawn without touching the global RNGs")
 def check_atomic_save_temp_location(atomic_save, seed: int = 0, layers: int = 2) -> None:
     with _watched_save(atomic_save, seed, layers) as (directory, path, events):
         _, rename = _final_rename(events, path)
@@ -66,6 +66,17 @@ def check_atomic_save_temp_location(atomic_save, seed: int = 0, layers: int = 2)
                f"(notebook 03), so a run resumed from it draws other numbers than the run that went on after "
                f"the save. Let tempfile.mkstemp or NamedTemporaryFile make the name (they draw from a generator "
                f"of their own), or use uuid.uuid4().hex.")
+        first = os.path.basename(rename["src"])
+    with _watched_save(atomic_save, seed + 1, layers) as (_, path, events):  # a second save, to a path named alike
+        _, rename = _final_rename(events, path)
+        expect(rename is not None, _NO_RENAME)
+    expect(os.path.basename(rename["src"]) != first,
+           f"atomic_save named its temp file {first!r} in both of two saves of one path: a name that stays the "
+           f"same from one save to the next is shared by every writer of that checkpoint. Two saves at once (an "
+           f"asynchronous checkpoint and the one at exit, two processes writing one folder) write into the same "
+           f"temp file, and one renames the other's half-written bytes into place; a temp file a crashed save "
+           f"left behind is overwritten, or blocks the next save. Let tempfile.mkstemp or NamedTemporaryFile "
+           f"make a name of its own for each save.")
 
 
 @graded_check("atomic_save: the temp file is fsynced after its last byte, before the rename")

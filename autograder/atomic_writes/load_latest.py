@@ -157,7 +157,7 @@ def check_load_latest_checkpoint_temp_files(load_latest_checkpoint, seed: int = 
         if isinstance(result, tuple) and len(result) == 2 and os.fspath(result[0]).endswith(TEMP_SUFFIX):
             raise AssertionError(
                 f"load_latest_checkpoint returned the temp file {os.path.basename(os.fspath(result[0]))!r}. A "
-                f"temp file was never renamed into place, so it was never a committed checkpoint, even when it "
+                f"temp file was never renamed into place, so it was never a durable checkpoint, even when it "
                 f"happens to load. Only *{CHECKPOINT_SUFFIX} files are checkpoints.")
         _expect_result(result, good, written[good], "Next to temp files left by crashed writers")
         left = sorted(n for n in os.listdir(directory) if n.endswith(TEMP_SUFFIX))

@@ -10,6 +10,7 @@ A throwaway gradebook is used: releasing must not touch an instructor's grades.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -37,14 +38,15 @@ def generate_assignments(course: Path, assignments: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = list(sys.argv[1:] if argv is None else argv)
-    package_dir = None
-    if "--student-package" in names:
-        at = names.index("--student-package")
-        if at + 1 >= len(names):
-            raise SystemExit("workbook.py release: --student-package needs a folder (--student-package DIR)")
-        package_dir = Path(names.pop(at + 1)).expanduser().resolve()
-        names.pop(at)
+    parser = argparse.ArgumentParser(prog="workbook.py release", description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="notebooks to release: names or prefixes such as 04 (default: all)")
+    parser.add_argument("--student-package", metavar="DIR", nargs="?", const="",
+                        help="then write the student distribution into DIR")
+    args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
+    if args.student_package == "":
+        raise SystemExit("workbook.py release: --student-package needs a folder (--student-package DIR)")
+    package_dir = Path(args.student_package).expanduser().resolve() if args.student_package else None
+    names = args.names
     assignments = matching(names, [notebook.folder for notebook in NOTEBOOKS], "workbook.py release")
     failed = generate_assignments(REPO_ROOT, assignments)
     for name in assignments:

@@ -21,10 +21,9 @@ def demo_crash(obj, path, kill_at_bytes: int, temp_file_and_replace: bool, fsync
     """Notebook 05's live demo: fork a writer of ``obj`` to ``path`` with the recipe's steps switched on or
     off, SIGKILL it once ``kill_at_bytes`` of the file are on disk, and say how it ended (run_and_kill).
 
-    The writer stops at exactly that byte and waits for the kill: a small file is written faster than a
-    watcher can react, so without the pause the kill lands wherever the machine's load puts it (often after
-    the last byte) and the demo would not show what its slider says. It never gets past that byte, so it
-    never completes a save: the kill point must fall inside the file, and nothing here is an atomic_save."""
+    The writer writes exactly that many bytes and waits for the kill (the trial's file-size limit would stop
+    it there too). It never gets past that byte, so it never completes a save: the kill point must fall
+    inside the file, and nothing here is an atomic_save."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     if not 0 < kill_at_bytes < buffer.tell():

@@ -1,5 +1,10 @@
-"""Crash trials: a forked writer runs ``save(obj, path)``, and is SIGKILLed, with every process it started,
-part-way through the write, once the directory shows that many bytes written.
+"""Crash trials: a forked writer runs ``save(obj, path)``, and is killed, with every process it started,
+part-way through the write, once it has written that many bytes into a file.
+
+The kill lands at exactly that byte, whatever the machine's load: the writer runs under a file-size limit
+(RLIMIT_FSIZE) of that many bytes, so the kernel stops its write there and ends it with SIGXFSZ, which it
+cannot clean up after any more than after SIGKILL. Watching the file's size and killing afterwards would
+race the writer: on a busy machine a small file is finished before the watcher reacts.
 
 Notebook 05's checks (through their probe) and its demos run them; the writers run where ``save`` lives.
 ``CrashTrials`` runs several trials from one trial leader; ``run_and_kill`` runs one.
@@ -39,11 +44,24 @@ def _snapshot(directory: str) -> dict:
     return {e.name: (e.stat().st_ino, e.stat().st_size) for e in os.scandir(directory)}
 
 
-def _child_saves(save, obj, path) -> None:
+def _stop_at_byte(kill_at_bytes: int) -> None:
+    """Make this process (and every process it starts) die the moment it would write past ``kill_at_bytes``
+    of any file: the kernel writes up to the limit, then ends the process with SIGXFSZ. No core dump."""
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    limit = kill_at_bytes if hard == resource.RLIM_INFINITY else min(kill_at_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # the hard limit too: no child raises it
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+
+
+def _child_saves(save, obj, path, kill_at_bytes: int | None) -> None:
     """Runs in the trial's writer: save, then leave at once without any cleanup of the parent's state."""
     code = 1
     try:
         silence_this_process()
+        if kill_at_bytes is not None:
+            _stop_at_byte(kill_at_bytes)
         save(obj, path)
         code = 0
     except BaseException:
@@ -157,8 +175,8 @@ def _end_group(group: int) -> None:
 
 
 def _trial_leader(save, obj, paths: list, commands: int, events: int, done: int) -> None:
-    """The trial leader: runs the writer of trial i, ``save(obj, paths[i])``, for each index i read from
-    ``commands``, and reports on ``events``: "ready INIT" once (INIT 0 without a PID namespace), then
+    """The trial leader: runs the writer of trial i, ``save(obj, paths[i])``, for each line "i KILL_AT_BYTES"
+    (or "i -") read from ``commands``, and reports on ``events``: "ready INIT" once (INIT 0 without a PID namespace), then
     "started WRITER" and "exited CODE" for each trial, the latter once its writer has been reaped (and,
     without a namespace, its process group is gone)."""
     code = 1
@@ -177,12 +195,13 @@ def _trial_leader(save, obj, paths: list, commands: int, events: int, done: int)
         os.write(events, f"ready {init}\n".encode())
         with os.fdopen(commands, "rb") as requests:
             for line in requests:
+                index, kill_at_bytes = line.split()
                 writer = os.fork()
                 if writer == 0:
                     os.close(commands)
                     os.close(events)
                     os.setpgid(0, 0)
-                    _child_saves(save, obj, paths[int(line)])
+                    _child_saves(save, obj, paths[int(index)], None if kill_at_bytes == b"-" else int(kill_at_bytes))
                 with contextlib.suppress(OSError):
                     os.setpgid(writer, writer)  # both sides: the group exists before the parent can kill it
                 os.write(events, f"started {writer}\n".encode())
@@ -251,12 +270,12 @@ class CrashTrials:
         return line.decode().split()
 
     def run(self, i: int, kill_at_bytes: int | None, timeout: float = 20.0) -> str:
-        """Trial i: 'killed', 'finished' (the save completed before the threshold was seen), 'failed' (it
-        raised) or 'timeout'. When it returns, no process the save started is left."""
+        """Trial i: 'killed' (at kill_at_bytes of a file), 'finished' (the save completed without writing that
+        many bytes into any file), 'failed' (it raised) or 'timeout'. When it returns, no process the save started is left."""
         directory = os.path.dirname(os.path.abspath(self.paths[i]))
         before = _snapshot(directory)
         try:
-            os.write(self.commands, f"{i}\n".encode())
+            os.write(self.commands, f"{i} {'-' if kill_at_bytes is None else int(kill_at_bytes)}\n".encode())
         except BrokenPipeError:  # the leader is gone
             return "failed"
         told = self._event()
@@ -277,6 +296,8 @@ class CrashTrials:
             self._kill()
         if ending is None:
             self._kill(writer=False)  # what an ordinary save left running dies too
+            if kill_at_bytes is not None and told == ["exited", str(128 + signal.SIGXFSZ)]:
+                ending = "killed"  # its file-size limit stopped it at kill_at_bytes
         if self.init:
             os.read(self.done, 1)  # the namespace's init found it empty
         self.writer = None
@@ -296,10 +317,10 @@ class CrashTrials:
 
 
 def run_and_kill(save, obj, path, kill_at_bytes: int | None, timeout: float = 20.0) -> str:
-    """Fork a writer that runs ``save(obj, path)``; SIGKILL it, and every process it started, once
-    ``kill_at_bytes`` are on disk.
+    """Fork a writer that runs ``save(obj, path)``; kill it, and every process it started, the moment it has
+    written ``kill_at_bytes`` into a file (none: let it finish).
 
-    Returns 'killed', 'finished' (it completed before the threshold was seen),
+    Returns 'killed', 'finished' (it completed without writing that many bytes into any file),
     'failed' (the save raised) or 'timeout'. When it returns, no process the save started is left.
     """
     with CrashTrials(save, obj, [path]) as trials:

@@ -2,9 +2,9 @@
 
 Conventions the notebook states (``folders``): a run folder holds one folder per checkpoint,
 ``step_<n>`` (n the number of committed updates), each written by ``torch.distributed.checkpoint``
-(DCP), whose coordinator writes ``.metadata`` last: a step folder is *committed* when it holds a
-readable ``.metadata``. Next to them, the file ``latest`` holds the name of the newest committed
-folder, replaced by notebook 05's recipe once the commit is durable.
+(DCP), whose coordinator writes ``.metadata`` last: a step folder is *durable* when it holds a
+readable ``.metadata``. Next to them, the file ``latest`` holds the name of the newest durable
+folder, replaced by notebook 05's recipe once the checkpoint is synced.
 
 - ``latest``: ``latest_checkpoint`` on run folders written with real DCP saves and left as crashes
   leave them; the path it returns is judged as text, never looked up.

@@ -2,8 +2,8 @@
 
 A run folder holds one folder per checkpoint, ``step_<n>`` (n the number of committed updates), each
 written by ``torch.distributed.checkpoint`` (DCP), whose coordinator writes ``.metadata`` last: a step
-folder is *committed* when it holds a readable ``.metadata``. Next to them, the file ``latest`` names the
-newest committed folder. The scenarios are real single-process DCP saves, left as crashes leave them;
+folder is *durable* when it holds a readable ``.metadata``. Next to them, the file ``latest`` names the
+newest durable folder. The scenarios are real single-process DCP saves, left as crashes leave them;
 reading a folder loads it with DCP here (``.metadata`` is a pickle: the grading process never loads one
 the learner's code wrote, so only probes call these on the learner's folders).
 """

@@ -73,11 +73,11 @@ def check_latest_checkpoint_committed(latest_checkpoint, seed: int = 0) -> None:
         _write_pointer(run_dir, good.name)
         before = folder_tree(run_dir)
         got = _call_loader(latest_checkpoint, run_dir)
-        _expect_folder(got, good, f"With {good.name} committed and step_{4 * base} holding every rank's shard but "
+        _expect_folder(got, good, f"With {good.name} durable and step_{4 * base} holding every rank's shard but "
                        f"no .metadata (a rank was killed before the coordinator wrote it)",
                        "A folder with shards and no marker looks like a checkpoint but is not one: DCP writes "
                        ".metadata last, only once every rank's shard is on disk, and dcp.load cannot read a folder "
-                       "without it. Which file says a step folder is committed?")
+                       "without it. Which file says a step folder is a durable checkpoint?")
         _expect_untouched(before, run_dir)
     with _scratch() as run_dir:
         good = _write_step(run_dir, base, seed)
@@ -86,7 +86,7 @@ def check_latest_checkpoint_committed(latest_checkpoint, seed: int = 0) -> None:
         _write_pointer(run_dir, good.name)
         before = folder_tree(run_dir)
         got = _call_loader(latest_checkpoint, run_dir)
-        _expect_folder(got, good, f"With {good.name} committed, {empty.name} whose .metadata is empty (0 bytes) and "
+        _expect_folder(got, good, f"With {good.name} durable, {empty.name} whose .metadata is empty (0 bytes) and "
                        f"{truncated.name} whose .metadata holds half of its bytes (a power cut after the marker's "
                        f"rename, before its bytes reached the disk)",
                        "A marker that exists is not yet a marker that can be read: a folder counts only if its "
@@ -98,11 +98,11 @@ def check_latest_checkpoint_committed(latest_checkpoint, seed: int = 0) -> None:
         got = _call_loader(latest_checkpoint, run_dir)
         _expect_folder(got, None, f"With only step_{base}, whose coordinator died while writing its metadata "
                        f"(.metadata.tmp, never renamed to .metadata)",
-                       "A temp file is not the marker: the checkpoint is committed only once .metadata itself "
-                       "exists. With no committed checkpoint, return None (start from scratch).")
+                       "A temp file is not the marker: the checkpoint is durable only once .metadata itself "
+                       "exists. With no durable checkpoint, return None (start from scratch).")
 
 
-@graded_check("latest_checkpoint returns the committed step folder with the largest step, even when `latest` lags")
+@graded_check("latest_checkpoint returns the durable step folder with the largest step, even when `latest` lags")
 def check_latest_checkpoint_newest(latest_checkpoint, seed: int = 0) -> None:
     with _scratch() as run_dir:
         got = _call_loader(latest_checkpoint, run_dir)
@@ -114,17 +114,17 @@ def check_latest_checkpoint_newest(latest_checkpoint, seed: int = 0) -> None:
         (run_dir / "notes.txt").write_text("not a checkpoint")
         _write_pointer(run_dir, older.name)
         got = _call_loader(latest_checkpoint, run_dir)
-        trap = ("The job crashed after DCP committed the newer folder and before `latest` moved to it: the pointer "
-                "lags, the folders do not. Compare the steps of the committed folders (numbers, not names: "
+        trap = ("The job crashed after DCP wrote the newer folder's .metadata and before `latest` moved to it: the "
+                "pointer lags, the folders do not. Compare the steps of the durable folders (numbers, not names: "
                 "'step_10' < 'step_9' as text).")
-        _expect_folder(got, newer, f"With {older.name} and {newer.name} both committed and `latest` still "
+        _expect_folder(got, newer, f"With {older.name} and {newer.name} both durable and `latest` still "
                        f"naming {older.name}", trap)
         (run_dir / POINTER).unlink()
         got = _call_loader(latest_checkpoint, run_dir)
-        _expect_folder(got, newer, f"With {older.name} and {newer.name} committed and no `latest` file", trap)
+        _expect_folder(got, newer, f"With {older.name} and {newer.name} durable and no `latest` file", trap)
         later = newer.stat().st_mtime + 60    # a clean-up, a copy or a restore touched the older folder
         os.utime(older, (later, later))
         got = _call_loader(latest_checkpoint, run_dir)
-        _expect_folder(got, newer, f"With {older.name} and {newer.name} committed and {older.name} modified last "
+        _expect_folder(got, newer, f"With {older.name} and {newer.name} durable and {older.name} modified last "
                        f"(a clean-up wrote into it)", "A folder's modification time is not its step: cleaning up, "
                        "copying or restoring a folder changes it. Compare the steps in the folder names.")

@@ -102,7 +102,7 @@ def _pointer_renames(save: dict, run_dir: str) -> list[dict]:
     return [(i, e) for i, e in enumerate(save["events"]) if e["op"] == "rename" and e["dst"] == target and e["ok"]]
 
 
-@graded_check("save_checkpoint writes each step into a new step_<n> folder and keeps the committed one until "
+@graded_check("save_checkpoint writes each step into a new step_<n> folder and keeps the durable one until "
               "`latest` has moved on")
 def check_save_checkpoint_new_folder(save_checkpoint, seed: int = 0) -> None:
     seen = _three_saves(save_checkpoint, seed)
@@ -115,15 +115,15 @@ def check_save_checkpoint_new_folder(save_checkpoint, seed: int = 0) -> None:
         folder = os.path.basename(os.path.dirname(event["dst"]))
         if folder in before:
             raise AssertionError(
-                f"Saving step {seen['steps'][1]} rewrote the committed checkpoint {folder!r} in place. While DCP "
+                f"Saving step {seen['steps'][1]} rewrote the durable checkpoint {folder!r} in place. While DCP "
                 f"rewrites a folder, its old .metadata describes shards that are being replaced, and torch removes "
-                f"it just before renaming the new one: a crash then leaves no committed checkpoint, or one whose "
-                f"marker lies. Write every step into a new folder, and leave the last committed one untouched.")
+                f"it just before renaming the new one: a crash then leaves no durable checkpoint, or one whose "
+                f"marker lies. Write every step into a new folder, and leave the last durable one untouched.")
         gone = sorted(name for name in before if name not in event["tree"])
         changed = sorted(name for name in before if name in event["tree"] and event["tree"][name] != before[name])
         if gone or changed:
             raise AssertionError(
-                f"When DCP committed {folder!r}, the previous checkpoint {(gone or changed)[0]!r} was already "
+                f"When DCP wrote {folder!r}'s .metadata, the previous checkpoint {(gone or changed)[0]!r} was already "
                 f"{'deleted' if gone else 'changed'}: a previous checkpoint deleted first. A crash between the two "
                 f"leaves no checkpoint at all. Delete older step folders, if you delete them, only once `latest` "
                 f"names the new one.")
@@ -155,7 +155,7 @@ def _temp_names(save: dict, run_dir: str) -> list[str]:
     return [os.path.basename(e["src"]) for _, e in _pointer_renames(save, run_dir)]
 
 
-@graded_check("save_checkpoint moves `latest` after the commit by notebook 05's recipe: a unique temp file in "
+@graded_check("save_checkpoint moves `latest` after DCP's .metadata, by notebook 05's recipe: a unique temp file in "
               "run_dir, fsynced, os.replace, run_dir fsynced, nothing left behind when it fails")
 def check_save_checkpoint_pointer(save_checkpoint, seed: int = 0) -> None:
     seen = _three_saves(save_checkpoint, seed)
@@ -169,7 +169,7 @@ def check_save_checkpoint_pointer(save_checkpoint, seed: int = 0) -> None:
            f"the name into a temp file and os.replace it onto `latest`.")
     expect(second["pointer"] == new,
            f"After save_checkpoint(state, run_dir, {step}), run_dir/latest holds {second['pointer']!r}, not the "
-           f"name of the folder just saved ({new!r}): the pointer holds the newest committed folder's name (a "
+           f"name of the folder just saved ({new!r}): the pointer holds the newest durable folder's name (a "
            f"name, not a path, so that a run folder that is copied or moved keeps working).")
     renames = _pointer_renames(second, run_dir)
     expect(renames and second["pointer_inode"] != first["pointer_inode"],
@@ -179,8 +179,8 @@ def check_save_checkpoint_pointer(save_checkpoint, seed: int = 0) -> None:
     early = [e for _, e in renames if not e["committed"]]
     expect(not early,
            f"`latest` moved to {early[0]['pointer'] if early else ''!r} before that folder held .metadata: the "
-           f"pointer was ahead of the commit. A crash right then leaves a pointer to a partial checkpoint. Move it "
-           f"only after dcp.save returned (an async_save's folder is committed only once its future is done).")
+           f"pointer was ahead of the checkpoint. A crash right then leaves a pointer to a partial checkpoint. Move it "
+           f"only after dcp.save returned (an async_save's folder is a checkpoint only once its future is done).")
     index, rename = renames[-1]
     expect(os.path.dirname(rename["src"]) == os.path.abspath(run_dir),
            f"The temp file renamed onto `latest` was written in {os.path.dirname(rename['src'])!r}, not in run_dir: "
@@ -218,7 +218,7 @@ def check_save_checkpoint_pointer(save_checkpoint, seed: int = 0) -> None:
            f"naming {new!r}: a failed save must leave the pointer as it was.")
 
 
-@graded_check("save_checkpoint makes the commit durable before `latest` moves: .metadata and its step folder fsynced")
+@graded_check("save_checkpoint makes the checkpoint durable before `latest` moves: .metadata and its step folder fsynced")
 def check_save_checkpoint_durable(save_checkpoint, seed: int = 0) -> None:
     seen = _three_saves(save_checkpoint, seed)
     second = seen["saves"][1]
@@ -332,7 +332,7 @@ def check_save_checkpoint_ranks(save_checkpoint, seed: int = 0) -> None:
     movers = [r for r, info in enumerate(ranks) if info["pointer_moves"]]
     expect(movers in ([], [0]),
            f"{story}: ranks {', '.join(map(str, movers))} moved `latest`. The pointer has one writer, rank 0, once "
-           f"the commit is durable: another rank's move can come before rank 0's fsyncs, and several writers race "
+           f"the checkpoint is durable: another rank's move can come before rank 0's fsyncs, and several writers race "
            f"on the temp file.")
     failed = [(r, info) for r, info in enumerate(ranks) if not info["done"]]
     if failed:

@@ -6,6 +6,7 @@ import os
 import random
 import select
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -156,6 +157,44 @@ def test_each_checkpoint_made_is_its_own_copy():
     assert not checks.holds_drawn(first, 2, layers=2, layer_kib=4, seed=9)
     assert checks.holds_drawn(second, 2, layers=2, layer_kib=4, seed=9)
     assert not checks.holds_drawn(second, 3, layers=2, layer_kib=4, seed=9)
+
+
+# ---- the notebook's crash tables: each kill lands where its label says, on every run and under load ---
+
+def _save_via_temp_and_replace(obj, path):
+    """Notebook 05's section 3 fix: a temp file next to the checkpoint, then os.replace."""
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def _crash_tables() -> dict:
+    """The rows of notebook 05's two tables (sections 1 and 3): where each kill landed, what it left."""
+    return {save.__name__: [(r["fraction"], r["ended"], r["outcome"], r["leftovers"])
+                            for r in checks.crash_trials(save, trials=5)]
+            for save in (checks.save_directly, _save_via_temp_and_replace)}
+
+
+@pytest.fixture
+def busy_cpus():
+    """A busy loop per core: the load under which a kill that polls the file's size lands late."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.2)  # every spinner running before the trials start
+        yield len(spinners)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def test_the_crash_tables_are_the_same_on_every_run_under_load(busy_cpus):
+    first, second = _crash_tables(), _crash_tables()
+    assert first == second
+    fractions = [0.1, 0.3, 0.5, 0.7, 0.9]
+    # The lesson: any kill part-way through a bare torch.save leaves an unloadable file...
+    assert first["save_directly"] == [(f, "killed", "unloadable", []) for f in fractions]
+    # ... and with a temp file and os.replace, the old checkpoint (every kill lands before the rename).
+    assert first["_save_via_temp_and_replace"] == [(f, "killed", "old", ["model.pt.tmp"]) for f in fractions]
 
 
 # ---- crash trials end every process a save starts ----------------------------------------------

@@ -14,6 +14,8 @@ Skipped only where no Chromium is installed (.ci/run installs Debian's chromium)
 from __future__ import annotations
 
 import re
+import urllib.error
+import urllib.request
 
 import nbformat
 import pytest
@@ -186,7 +188,7 @@ def instructor_lab(course, tmp_path_factory):
     # The formgrader finds the course (solutions/, gradebook) from the server's root folder, so an
     # instructor serves the course root (`jupyter lab` in the repository's folder). With the
     # learner's root_dir=notebooks its links point outside the server ("../solutions/...").
-    lab = JupyterLab(course, tmp_path_factory.mktemp("instructor-lab"), root_dir=".")
+    lab = JupyterLab(course, tmp_path_factory.mktemp("instructor-lab"), instructor=True)
     yield lab
     lab.stop()
 
@@ -216,6 +218,55 @@ def test_formgrader_lists_every_assignment_for_an_instructor(course, instructor_
         assert "solutions" in crumbs, f"the assignment link opened {crumbs!r}, not solutions/{expected[0]}"
     finally:
         page.close()
+
+
+# ---- what a learner's JupyterLab shows, and what an instructor's adds -------------------------------------
+
+INSTRUCTOR_ITEMS = ("Course List", "Formgrader", "Create assignment")   # nbgrader's menu, instructor only
+
+
+def _what_the_lab_shows(lab, browser, who: str) -> dict:
+    """What the file browser lists, the Nbgrader menu's visible items, whether the Create Assignment panel and the news question exist,
+    the news setting's default, and whether the server answers on /formgrader."""
+    page = browser.new_page()
+    try:
+        page.goto(f"{lab.url}/lab?token={lab.token}&reset")
+        page.wait_for_selector(".jp-DirListing-item", timeout=120_000)
+        files = page.locator(".jp-DirListing-itemText").all_inner_texts()
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile("^Nbgrader$")).click()
+        page.wait_for_selector(".lm-Menu .lm-Menu-itemLabel", timeout=30_000)
+        items = [t.strip() for t in page.locator(".lm-Menu .lm-Menu-item:visible .lm-Menu-itemLabel").all_inner_texts()]
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"lab-{who}-nbgrader-menu.png"))
+        shown = {"files": [t.strip() for t in files], "menu": [t for t in items if t],
+                 "create assignment panel": page.locator("#nbgrader-create_assignemnt").count() > 0,
+                 "news question": page.get_by_text("official Jupyter news").count() > 0}
+    finally:
+        page.close()
+    notification = lab.api("/lab/api/settings/@jupyterlab/apputils-extension:notification")
+    shown["fetch news by default"] = notification["schema"]["properties"]["fetchNews"]["default"]
+    request = urllib.request.Request(f"{lab.url}/formgrader", headers={"Authorization": f"token {lab.token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            shown["formgrader page"] = response.status == 200
+    except urllib.error.HTTPError:
+        shown["formgrader page"] = False
+    return shown
+
+
+def test_a_learner_sees_validate_and_assignments_an_instructor_the_instructor_tools(learner_lab, instructor_lab,
+                                                                                     browser):
+    learner = _what_the_lab_shows(learner_lab, browser, "learner")
+    assert "00_start_here" in learner["files"] and "solutions" not in learner["files"], learner
+    assert "Assignment List" in learner["menu"], learner
+    assert not set(INSTRUCTOR_ITEMS) & set(learner["menu"]), learner
+    assert not learner["create assignment panel"] and not learner["formgrader page"], learner
+    instructor = _what_the_lab_shows(instructor_lab, browser, "instructor")
+    assert {"notebooks", "solutions"} <= set(instructor["files"]), instructor
+    assert {"Assignment List", *INSTRUCTOR_ITEMS} <= set(instructor["menu"]), instructor
+    assert instructor["create assignment panel"] and instructor["formgrader page"], instructor
+    for shown in (learner, instructor):  # nobody is asked to fetch news from the web
+        assert shown["fetch news by default"] == "false" and not shown["news question"], shown
 
 
 # ---- live controls (autograder.controls) ---------------------------------------------------------------

@@ -178,11 +178,11 @@ class _ServerProcess:
 
 
 class JupyterLab(_ServerProcess):
-    """`python3 workbook.py lab` (jupyter lab --ServerApp.root_dir=notebooks) run from ``course``,
-    plus --no-browser, a loopback port and a token. ``root_dir="."`` serves the whole course, as
-    an instructor needs for the formgrader."""
+    """`python3 workbook.py lab` (jupyter lab with workbook.lab_arguments: the learner's, on notebooks/) run
+    from ``course``, plus --no-browser, a loopback port and a token. ``instructor``: `workbook.py lab
+    --instructor`, on the whole course, as an instructor needs for the formgrader."""
 
-    def __init__(self, course: Path, state: Path, root_dir: str = "notebooks"):
+    def __init__(self, course: Path, state: Path, instructor: bool = False):
         workbook = _workbook_module()
         self.token = os.urandom(12).hex()
         self.port = _free_port()
@@ -192,11 +192,9 @@ class JupyterLab(_ServerProcess):
             ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_RUNTIME_DIR", "runtime"),
             ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"), ("JUPYTERLAB_SETTINGS_DIR", "settings"),
             ("IPYTHONDIR", "ipython")))
-        _lab_settings(state / "settings")
-        command = [str(workbook.BIN / "jupyter"), "lab", f"--ServerApp.root_dir={root_dir}",
+        command = [str(workbook.BIN / "jupyter"), "lab", *workbook.lab_arguments(instructor),
                    "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
-                   "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-                   "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+                   "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             command.append("--allow-root")  # CI containers run as root
         self._start(command, course, env, state / "jupyterlab.log")
