@@ -5,15 +5,21 @@ Two jobs:
 - **Its output.** Whatever the sandbox's processes print goes into a pipe that this thread drains into a
   bounded tail kept in memory (the last 64 KiB): a submission that prints without end fills no disk, and
   the tail says why a sandbox that failed to start failed.
-- **Its memory, where no memory cgroup bounds it** (an ordinary user without a delegated cgroup). Twenty
-  times a second it adds up the anonymous memory its processes hold (``/proc/<pid>/statm``, a few
-  microseconds a process); only when that passes the bound does it read each process's proportional
-  share (``smaps_rollup``: pages shared by forked processes count once), and past the bound it kills the
-  sandbox and says so. Files the sandbox writes live on its own size-bounded tmpfs, outside this count;
-  SysV shared memory and memfd, which no process's count would show, are refused by its system-call
-  filter (``seccomp``). The sandbox's processes are also the kernel's first choice when the machine runs
-  out of memory (``oom_score_adj`` 1000), never the grader. Between two looks a process can fault in
-  what two cores manage in 50 ms (a few hundred MB): the bound is that much softer than a cgroup's.
+- **Its memory, where no memory cgroup bounds it** (an ordinary user without a delegated cgroup, or
+  ``WORKBOOK_SANDBOX_WITHOUT=cgroups``). Twenty times a second it adds up what its processes hold of every
+  kind a process can hold: private anonymous memory, shared memory (``RssShmem``: the pages of the
+  sandbox's own shared-memory files that its processes map) and page tables (``VmPTE``), from
+  ``/proc/<pid>/status`` (about 20 microseconds a process). Only when that passes the bound does it read
+  each process's proportional share (``smaps_rollup`` ``Pss_Anon`` and ``Pss_Shmem``: pages shared by
+  forked processes count once), and past the bound it kills the sandbox and says so. What no process's
+  count shows is bounded elsewhere: files on the sandbox's own size-bounded tmpfs (``/dev/shm`` too; a
+  mapped one counts there and here, so twice, never less); memory that belongs to no process (SysV
+  shared memory, POSIX message queues, memfd, shared anonymous mappings, pages pinned by ``vmsplice``) is
+  refused by its system-call filter (``seccomp``); kernel memory in its pipes and sockets is bounded only
+  by its open-files and process limits (docs/grading.md gives the numbers). The sandbox's processes are
+  also the kernel's first choice when the machine runs out of memory (``oom_score_adj`` 1000), never the
+  grader. Between two looks a process can fault in what two cores manage in 50 ms (a few hundred MB):
+  the bound is that much softer than a cgroup's.
 """
 
 from __future__ import annotations
@@ -23,7 +29,6 @@ import os
 import select
 import threading
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
 TAIL_BYTES = 64 << 10
 INTERVAL = 0.05
 
@@ -76,7 +81,7 @@ class Watchdog(threading.Thread):
 
     def _look(self) -> None:
         pids = tree(self.root)
-        held = sum(_anonymous(pid) for pid in pids)
+        held = sum(_resident(pid) for pid in pids)
         if held > self.memory_bytes:                 # maybe only counted twice: pages shared since a fork
             held = sum(_proportional(pid) for pid in pids)
         self.peak = max(self.peak, held)
@@ -101,21 +106,25 @@ def tree(root: int) -> list[int]:
     return found
 
 
-def _anonymous(pid: int) -> int:
+_RESIDENT = ("RssAnon:", "RssShmem:", "VmPTE:")
+
+
+def _resident(pid: int) -> int:
+    """Its private and shared anonymous memory and its page tables (shared pages count in each process)."""
     try:
-        with open(f"/proc/{pid}/statm") as f:
-            fields = f.read().split()
-        return max(int(fields[1]) - int(fields[2]), 0) * PAGE
+        with open(f"/proc/{pid}/status") as f:
+            return sum(int(line.split()[1]) for line in f if line.startswith(_RESIDENT)) * 1024
     except (OSError, ValueError, IndexError):
         return 0
 
 
 def _proportional(pid: int) -> int:
+    """The same, with each shared page split between the processes that map it."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss_Anon:"):
-                    return int(line.split()[1]) * 1024
+            shares = sum(int(line.split()[1]) for line in f if line.startswith(("Pss_Anon:", "Pss_Shmem:")))
+        with open(f"/proc/{pid}/status") as f:
+            tables = sum(int(line.split()[1]) for line in f if line.startswith("VmPTE:"))
+        return (shares + tables) * 1024
     except (OSError, ValueError, IndexError):
-        pass
-    return _anonymous(pid)
+        return _resident(pid)
