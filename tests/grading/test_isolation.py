@@ -6,6 +6,7 @@ judge's memory watchdog, autogroup), whichever runs the suite: the protections t
 outcome must not.
 """
 
+import dataclasses
 import os
 import stat
 import subprocess
@@ -75,6 +76,62 @@ def test_memory_held_by_many_processes_together_is_bounded_per_sandbox(two):
             assert any(os.WIFSIGNALED(status) for status in ended), ended
     a, b = two
     assert value(b, "RESULT = sum(bytearray(64 << 20))") == 0
+
+
+_SMALL = Limits(memory_total_bytes=3 << 29, disk_bytes=128 << 20, shm_bytes=64 << 20, processes=48)   # 1.3 GiB held
+_SHARED_HOARD = ("import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                 "libc.mmap.restype = ctypes.c_void_p\n"
+                 "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+                 "kids = []\nfor _ in range(2):\n    pid = os.fork()\n    if pid == 0:\n"
+                 "        block = libc.mmap(None, 800 << 20, 3, {flags}, -1, 0)\n"
+                 "        if block in (None, 2**64 - 1):\n            os._exit(100 + ctypes.get_errno())\n"
+                 "        ctypes.memset(block, 1, 800 << 20)\n        time.sleep(4)\n        os._exit(0)\n"
+                 "    kids.append(pid)\nRESULT = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in kids]")
+
+
+@pytest.mark.parametrize("flags", [0x21, 0x23], ids=["MAP_SHARED", "MAP_SHARED_VALIDATE"])
+def test_shared_anonymous_memory_is_refused_since_no_count_would_see_all_it_holds(monkeypatch, flags):
+    """Two processes each map 800 MB of shared anonymous memory (1.6 GB together, past this sandbox's 1.3 GiB).
+    Such an object keeps every page it was given once all but one page of it is unmapped, where no process's
+    count shows it: the filter refuses the mapping (EPERM), with or without a memory cgroup. ``/dev/zero``,
+    the other way to such an object, opens for reading only."""
+    monkeypatch.setenv("WORKBOOK_SANDBOX_WITHOUT", "cgroups")
+    with Sandbox(_SMALL, cell_seconds=30) as box:
+        assert value(box, _SHARED_HOARD.format(flags=flags)) == [101, 101]       # 100 + EPERM: never mapped
+        assert isinstance(run(box, "import mmap\nmmap.mmap(-1, 1 << 20)"), PermissionError)
+        assert isinstance(run(box, "open('/dev/zero', 'r+b')"), PermissionError)
+        assert value(box, "import mmap\nRESULT = len(mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE))") == 1 << 20
+
+
+@pytest.mark.parametrize("kind", ["shared anonymous", "a shared-memory file"])
+def test_shared_memory_its_processes_map_is_counted_by_the_watchdog(monkeypatch, kind):
+    """The watchdog counts what processes map of shared memory, not only their private memory: with the filter
+    switched off, the 1.6 GB of shared anonymous memory above ends the sandbox with its message; so does a
+    1.6 GB of files on a /dev/shm tmpfs (its size bound raised here), each mapped by one of two processes."""
+    monkeypatch.setenv("WORKBOOK_SANDBOX_WITHOUT", "cgroups,seccomp")
+    limits = _SMALL if kind == "shared anonymous" else dataclasses.replace(     # the same 1.3 GiB held
+        _SMALL, shm_bytes=2 << 30, memory_total_bytes=_SMALL.memory_total_bytes - _SMALL.shm_bytes + (2 << 30))
+    hoard = _SHARED_HOARD.format(flags=0x21) if kind == "shared anonymous" else (
+        "import mmap, os, time\nkids = []\nfor _ in range(2):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        fd = os.open(f'/dev/shm/hoard-{os.getpid()}', os.O_RDWR | os.O_CREAT, 0o600)\n"
+        "        os.ftruncate(fd, 800 << 20)\n        block = mmap.mmap(fd, 800 << 20)\n"
+        "        for i in range(0, len(block), 4096):\n            block[i] = 1\n        time.sleep(4)\n"
+        "        os._exit(0)\n    kids.append(pid)\n"
+        "RESULT = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in kids]")
+    with Sandbox(limits, cell_seconds=30) as box:
+        assert box.confinement["memory"].startswith("watchdog"), box.confinement["memory"]
+        with pytest.raises(SandboxDied, match=r"held \d+\.\d GiB of memory together, more than"):
+            box.request("exec", hoard, "<test>")
+
+
+def test_an_honest_dataloader_passing_tensors_through_dev_shm_is_not_ended(monkeypatch):
+    """DataLoader workers hand their batches back through files in /dev/shm: counted, and well under the bound."""
+    monkeypatch.setenv("WORKBOOK_SANDBOX_WITHOUT", "cgroups")
+    with Sandbox(cell_seconds=60) as box:
+        total = value(box, "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+                           "data = TensorDataset(torch.ones(4096, 256))\n"
+                           "RESULT = float(sum(batch[0].sum() for batch in DataLoader(data, batch_size=256, num_workers=2)))")
+        assert total == 4096 * 256 and box.alive and box.ended_by is None
 
 
 def test_a_cpu_spinner_takes_only_its_own_sandboxes_share(two):
@@ -150,6 +207,51 @@ def test_no_channel_between_sandboxes_through_ipc_keyrings_or_sockets(two):
     assert all(result == -1 and errno == 1 for result, errno in refused.values()), refused   # EPERM each
     reached = run(b, "import socket\nsocket.socket(socket.AF_UNIX).connect(b'\\0handed-to-the-next')")
     assert isinstance(reached, ConnectionRefusedError), reached
+
+
+_KERNEL_OBJECTS = """import ctypes, fcntl, os, platform, struct
+libc = ctypes.CDLL(None, use_errno=True)
+shared = open(os.__file__, 'rb')            # a file of the Python installation: every sandbox may read it
+lock = struct.pack('hhqqi', fcntl.F_RDLCK, 0, 0, 0, 0)
+calls = {
+    'F_SETLK': lambda: fcntl.fcntl(shared, fcntl.F_SETLK, lock),
+    'F_SETLKW': lambda: fcntl.fcntl(shared, fcntl.F_SETLKW, lock),
+    'F_GETLK': lambda: fcntl.fcntl(shared, fcntl.F_GETLK, lock),
+    'lockf': lambda: fcntl.lockf(open('mine', 'w'), fcntl.LOCK_EX | fcntl.LOCK_NB),
+    'F_OFD_SETLK': lambda: fcntl.fcntl(shared, 37, lock),
+    'F_OFD_GETLK': lambda: fcntl.fcntl(shared, 36, lock),
+    'F_SETLEASE': lambda: fcntl.fcntl(shared, 1024, fcntl.F_RDLCK),
+    'F_NOTIFY': lambda: fcntl.fcntl(os.open(os.path.dirname(os.__file__), os.O_RDONLY), 1026, 1),
+}
+RESULT = {}
+for name, call in calls.items():
+    try:
+        call()
+        RESULT[name] = 'made'
+    except OSError as exc:
+        RESULT[name] = exc.errno
+x86 = platform.machine() == 'x86_64'
+for name, number in {'inotify_init1': 294 if x86 else 26, 'fanotify_init': 300 if x86 else 262,
+                     'mq_open': 240 if x86 else 180}.items():
+    args = (b'/handed-over', os.O_CREAT | os.O_RDWR, 0o600, None) if name == 'mq_open' else (0, 0)
+    RESULT[name] = 'made' if libc.syscall(number, *args) >= 0 else ctypes.get_errno()
+"""
+
+
+def test_no_bit_passes_between_sandboxes_through_locks_notices_or_queues(two):
+    """Two sandboxes side by side can both open the Python installation's files. A record lock, an open file
+    description lock or a lease one of them took on such a file, another could test (F_GETLK, or a conflict);
+    inotify, fanotify and F_NOTIFY watches would see the other read it. Each is refused in both, as are POSIX
+    message queues (each sandbox's IPC namespace has its own, and their memory is no process's)."""
+    a, b = two
+    for box in (a, b):
+        refused = value(box, _KERNEL_OBJECTS)
+        assert refused == dict.fromkeys(refused, 1), refused       # EPERM each: nothing was made
+    assert sorted(refused) == ["F_GETLK", "F_NOTIFY", "F_OFD_GETLK", "F_OFD_SETLK", "F_SETLEASE", "F_SETLK",
+                               "F_SETLKW", "fanotify_init", "inotify_init1", "lockf", "mq_open"]
+    # What stays allowed on the same file: reading it, and the fcntl commands that lock nothing.
+    assert value(b, "import fcntl, os\nf = open(os.__file__, 'rb')\n"
+                    "RESULT = (len(f.read(10)), fcntl.fcntl(f, fcntl.F_GETFD) & fcntl.FD_CLOEXEC)") == (10, 1)
 
 
 def test_only_the_socket_families_grading_needs_can_be_made(two):
