@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from autograder.grading import protections, scratch
+from autograder.grading.confine import FILES_PER_TMPFS
 from autograder.grading.sandbox import Limits, Sandbox, SandboxDied, readable_paths
 from notebook_files import ROOT
 
@@ -134,6 +135,18 @@ def test_an_honest_dataloader_passing_tensors_through_dev_shm_is_not_ended(monke
         assert total == 4096 * 256 and box.alive and box.ended_by is None
 
 
+def test_empty_files_cannot_hold_kernel_memory_past_a_count():
+    """An empty file takes none of a tmpfs's size but about 1 KiB of kernel memory (only a memory cgroup counts
+    it): each of a sandbox's tmpfs takes so many files and folders, then says it is full."""
+    with Sandbox(_SMALL, cell_seconds=60) as box:
+        if box.confinement["folders"] != "private tmpfs":
+            pytest.skip(f"no tmpfs of its own here: {box.confinement['folders']}")
+        made = value(box, "import os\nRESULT = {}\nfor folder in ('/dev/shm', '.'):\n    n = 0\n    try:\n"
+                          "        while n < 100000:\n            os.close(os.open(f'{folder}/e{n}', os.O_CREAT | os.O_WRONLY, 0o600))\n"
+                          "            n += 1\n    except OSError as exc:\n        RESULT[folder] = (n, exc.errno)")
+    assert all(n < FILES_PER_TMPFS and errno == 28 for n, errno in made.values()) and len(made) == 2, made   # ENOSPC
+
+
 def test_a_memory_cgroup_counts_what_its_sockets_hold():
     """Kernel memory queued in sockets belongs to no process's count. Eight processes fill 500 Unix socket pairs
     each: unbounded, 1.7 GiB of data (about 220 KiB a socket), past this sandbox's 1.5 GiB. A memory cgroup
@@ -153,11 +166,13 @@ def test_a_memory_cgroup_counts_what_its_sockets_hold():
                                 "        os.write(w, sent.to_bytes(8, 'little'))\n        time.sleep(2)\n        os._exit(0)\n"
                                 "    kids.append(pid)\nos.close(w)\nended = [os.waitpid(pid, 0)[1] for pid in kids]\n"
                                 "told = b''.join(iter(lambda: os.read(r, 8), b''))\n"
-                                "RESULT = sum(int.from_bytes(told[i:i + 8], 'little') for i in range(0, len(told), 8))")
+                                "RESULT = (sum(int.from_bytes(told[i:i + 8], 'little') for i in range(0, len(told), 8)),"
+                                " any(os.WIFSIGNALED(status) for status in ended))")
         except SandboxDied as died:          # the cgroup's OOM killer ended the sandbox
             assert "SIGKILL" in str(died), died
-        else:
-            assert queued < 3 << 29, queued >> 20       # MiB of data queued when the cgroup stopped it
+        else:                                # or some of its processes (freeing theirs), or refused the sends
+            queued, killed = queued
+            assert killed or queued < 3 << 29, queued >> 20
 
 
 def test_a_cpu_spinner_takes_only_its_own_sandboxes_share(two):
