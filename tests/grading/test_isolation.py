@@ -102,6 +102,14 @@ def test_shared_anonymous_memory_is_refused_since_no_count_would_see_all_it_hold
         assert isinstance(run(box, "import mmap\nmmap.mmap(-1, 1 << 20)"), PermissionError)
         assert isinstance(run(box, "open('/dev/zero', 'r+b')"), PermissionError)
         assert value(box, "import mmap\nRESULT = len(mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE))") == 1 << 20
+        # The other kinds of memory that belong to no process: memfd, memfd_secret, pages pinned by vmsplice.
+        refused = value(box, "import ctypes, os, platform\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                             "x86 = platform.machine() == 'x86_64'\nr, w = os.pipe()\nblock = ctypes.create_string_buffer(1 << 16)\n"
+                             "iov = (ctypes.c_void_p * 2)(ctypes.addressof(block), 1 << 16)\nRESULT = {}\n"
+                             "for name, args in {'memfd_create': (319 if x86 else 279, b'hoard', 0),"
+                             " 'memfd_secret': (447, 0), 'vmsplice': (278 if x86 else 75, w, iov, 1, 0)}.items():\n"
+                             "    RESULT[name] = (libc.syscall(*args), ctypes.get_errno())")
+        assert refused == dict.fromkeys(refused, (-1, 1)), refused       # EPERM each
 
 
 @pytest.mark.parametrize("kind", ["shared anonymous", "a shared-memory file"])
