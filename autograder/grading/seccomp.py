@@ -12,7 +12,7 @@ none of them is needed to run a notebook of this course:
   keeps every page it was given after all but one page of it is unmapped, or after ``MADV_DONTNEED``) and
   ``vmsplice`` (pages it pins in a pipe stay after they are unmapped). Shared memory a sandbox may make is
   a file on its own size-bounded tmpfs (``/dev/shm``: what DataLoader workers and ``multiprocessing`` use);
-  ``/dev/zero`` can be opened only for reading, and a read-only mapping of it allocates nothing;
+  ``/dev/zero`` can be opened only for reading (Landlock), and a read-only mapping of it allocates nothing;
 - kernel objects that every sandbox reaches through the files they may all read (the Python installation):
   record locks (``fcntl`` ``F_SETLK``, ``F_SETLKW``, ``F_GETLK`` and their ``F_OFD_`` forms), leases
   (``F_SETLEASE``), directory notices (``F_NOTIFY``), inotify and fanotify. Locking one of those files,

@@ -9,17 +9,17 @@ Two jobs:
   ``WORKBOOK_SANDBOX_WITHOUT=cgroups``). Twenty times a second it adds up what its processes hold of every
   kind a process can hold: private anonymous memory, shared memory (``RssShmem``: the pages of the
   sandbox's own shared-memory files that its processes map) and page tables (``VmPTE``), from
-  ``/proc/<pid>/status`` (about 0.15 ms a process on a loaded 2-core machine). Only when that passes the bound does it read
-  each process's proportional share (``smaps_rollup`` ``Pss_Anon`` and ``Pss_Shmem``: pages shared by
-  forked processes count once), and past the bound it kills the sandbox and says so. What no process's
-  count shows is bounded elsewhere: files on the sandbox's own size-bounded tmpfs (``/dev/shm`` too; a
-  mapped one counts there and here, so twice, never less); memory that belongs to no process (SysV
-  shared memory, POSIX message queues, memfd, shared anonymous mappings, pages pinned by ``vmsplice``) is
-  refused by its system-call filter (``seccomp``); kernel memory in its pipes and sockets is bounded only
-  by its open-files and process limits (docs/grading.md gives the numbers). The sandbox's processes are
-  also the kernel's first choice when the machine runs out of memory (``oom_score_adj`` 1000), never the
-  grader. Between two looks a process can fault in what two cores manage in 50 ms (a few hundred MB):
-  the bound is that much softer than a cgroup's.
+  ``/proc/<pid>/status`` (about 0.15 ms a process on a loaded 2-core machine). Only when that passes the
+  bound does it read each process's proportional share (``smaps_rollup`` ``Pss_Anon`` and ``Pss_Shmem``:
+  pages shared by forked processes count once), and past the bound it kills the sandbox and says so.
+  What no process's count shows is bounded elsewhere: files on the sandbox's own size-bounded tmpfs
+  (``/dev/shm`` too; a mapped one counts there and here, so twice, never less); memory that belongs to
+  no process (SysV shared memory, POSIX message queues, memfd, shared anonymous mappings, pages pinned by
+  ``vmsplice``) is refused by its system-call filter (``seccomp``); kernel memory in its pipes and sockets
+  is bounded only by its open-files and process limits (docs/grading.md gives the numbers). The
+  sandbox's processes are also the kernel's first choice when the machine runs out of memory
+  (``oom_score_adj`` 1000), never the grader. Between two looks a process can fault in what two cores
+  manage in 50 ms (a few hundred MB): the bound is that much softer than a cgroup's.
 """
 
 from __future__ import annotations

@@ -155,6 +155,38 @@ def test_empty_files_cannot_hold_kernel_memory_past_a_count():
     assert all(n < FILES_PER_TMPFS and errno == 28 for n, errno in made.values()) and len(made) == 2, made   # ENOSPC
 
 
+_SOCKET_HOARD = """import os, socket, time
+r, w = os.pipe()
+kids = []
+for _ in range(8):
+    pid = os.fork()
+    if pid == 0:
+        keep, sent = [], 0
+        for _ in range(500):
+            try:
+                pair = socket.socketpair()
+            except OSError:        # the cgroup may refuse the socket itself
+                break
+            keep.append(pair)
+            for end in pair:
+                end.setblocking(False)
+                try:
+                    while True:
+                        sent += end.send(b'x' * 65536)
+                except OSError:
+                    pass
+        os.write(w, sent.to_bytes(8, 'little'))
+        time.sleep(2)
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
+ended = [os.waitpid(pid, 0)[1] for pid in kids]
+told = b''.join(iter(lambda: os.read(r, 8), b''))
+RESULT = (sum(int.from_bytes(told[i:i + 8], 'little') for i in range(0, len(told), 8)),
+          any(os.WIFSIGNALED(status) for status in ended))
+"""
+
+
 def test_a_memory_cgroup_counts_what_its_sockets_hold():
     """Kernel memory queued in sockets belongs to no process's count. Eight processes fill 500 Unix socket pairs
     each: unbounded, 1.7 GiB of data (about 220 KiB a socket), past this sandbox's 1.5 GiB. A memory cgroup
@@ -162,24 +194,12 @@ def test_a_memory_cgroup_counts_what_its_sockets_hold():
     is open files times processes: docs/grading.md, "What is not defended")."""
     with Sandbox(_SMALL, cell_seconds=60) as box:
         if box.confinement["memory"] != "cgroup":
-            pytest.skip(f"no memory cgroup here ({box.confinement['memory']}): the watchdog does not count socket buffers")
+            pytest.skip(f"no memory cgroup ({box.confinement['memory']}): the watchdog does not count socket buffers")
         try:
-            queued = value(box, "import os, socket, time\nr, w = os.pipe()\nkids = []\nfor _ in range(8):\n"
-                                "    pid = os.fork()\n    if pid == 0:\n        keep, sent = [], 0\n"
-                                "        for _ in range(500):\n            try:\n                pair = socket.socketpair()\n"
-                                "            except OSError:\n                break\n            keep.append(pair)\n"
-                                "            for end in pair:\n                end.setblocking(False)\n"
-                                "                try:\n                    while True:\n                        sent += end.send(b'x' * 65536)\n"
-                                "                except OSError:\n                    pass\n"
-                                "        os.write(w, sent.to_bytes(8, 'little'))\n        time.sleep(2)\n        os._exit(0)\n"
-                                "    kids.append(pid)\nos.close(w)\nended = [os.waitpid(pid, 0)[1] for pid in kids]\n"
-                                "told = b''.join(iter(lambda: os.read(r, 8), b''))\n"
-                                "RESULT = (sum(int.from_bytes(told[i:i + 8], 'little') for i in range(0, len(told), 8)),"
-                                " any(os.WIFSIGNALED(status) for status in ended))")
+            queued, killed = value(box, _SOCKET_HOARD)
         except SandboxDied as died:          # the cgroup's OOM killer ended the sandbox
             assert "SIGKILL" in str(died), died
         else:                                # or some of its processes (freeing theirs), or refused the sends
-            queued, killed = queued
             assert killed or queued < 3 << 29, queued >> 20
 
 
