@@ -8,11 +8,14 @@ none of them is needed to run a notebook of this course:
   namespace would allow;
 - memory that no process's count shows, so that no per-process bound and no watchdog would see it:
   SysV shared memory, message queues and semaphores, POSIX message queues (``mq_open``), memfd and
-  ``memfd_secret``, shared anonymous mappings (``mmap`` with ``MAP_SHARED|MAP_ANONYMOUS``: the object
-  keeps every page it was given after all but one page of it is unmapped, or after ``MADV_DONTNEED``) and
-  ``vmsplice`` (pages it pins in a pipe stay after they are unmapped). Shared memory a sandbox may make is
-  a file on its own size-bounded tmpfs (``/dev/shm``: what DataLoader workers and ``multiprocessing`` use);
-  ``/dev/zero`` can be opened only for reading (Landlock), and a read-only mapping of it allocates nothing;
+  ``memfd_secret`` and ``vmsplice`` (pages it pins in a pipe stay after they are unmapped). A shared
+  anonymous mapping (``mmap`` with ``MAP_SHARED|MAP_ANONYMOUS``, which notebook 03 shows and its wrong
+  answers use) is made only up to ``SHARED_ANONYMOUS_BYTES``: its object keeps every page it was given
+  after all but one page of it is unmapped, or after ``MADV_DONTNEED``, where no count of the process
+  shows them, so the watchdog charges each such object its largest size. Other shared memory a sandbox
+  may make is a file on its own size-bounded tmpfs (``/dev/shm``: what DataLoader workers and
+  ``multiprocessing`` use); ``/dev/zero`` opens for reading only (Landlock), and a read-only mapping of
+  it allocates nothing;
 - kernel objects that every sandbox reaches through the files they may all read (the Python installation):
   record locks (``fcntl`` ``F_SETLK``, ``F_SETLKW``, ``F_GETLK`` and their ``F_OFD_`` forms), leases
   (``F_SETLEASE``), directory notices (``F_NOTIFY``), inotify and fanotify. Locking one of those files,
@@ -59,6 +62,7 @@ _FCNTL, _MMAP = (72, 25), (9, 222)
 # F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY
 FCNTL_REFUSED = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20            # MAP_SHARED_VALIDATE (0x03) has the shared bit too
+SHARED_ANONYMOUS_BYTES = 16 << 20                 # the most one shared anonymous object may hold
 _ARCH = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}
 REFUSED_CALLS = tuple(_REFUSED)
 
@@ -66,6 +70,7 @@ REFUSED_CALLS = tuple(_REFUSED)
 _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
 _NR, _ARCH_OFFSET, _ARG0, _ARG1, _ARG2, _ARG3 = 0, 4, 16, 24, 32, 40   # low 32 bits of args[n] (little-endian)
+_ARG1_HIGH = 28
 _X32_BIT = 0x40000000
 _NEXT = None                                          # a jump target: the next instruction
 
@@ -82,7 +87,9 @@ def _program(column: int, audit_arch: int) -> list[tuple[int, int, int, int]]:
              "fcntl", ("ld", _ARG1)]
     code += [("jeq", command, "deny", _NEXT) for command in FCNTL_REFUSED]
     code += [("ret", _ALLOW),
-             "mmap", ("ld", _ARG3), ("jset", MAP_ANONYMOUS, _NEXT, "allow"), ("jset", MAP_SHARED, "deny", "allow"),
+             "mmap", ("ld", _ARG3), ("jset", MAP_ANONYMOUS, _NEXT, "allow"), ("jset", MAP_SHARED, _NEXT, "allow"),
+             ("ld", _ARG1_HIGH), ("jeq", 0, _NEXT, "deny"),
+             ("ld", _ARG1), ("jge", SHARED_ANONYMOUS_BYTES + 1, "deny", "allow"),
              "family", ("ld", _ARG0),
              ("jeq", AF_UNIX, "allow", _NEXT), ("jeq", AF_INET, "allow", _NEXT),
              ("jeq", AF_INET6, "allow", _NEXT), ("jeq", AF_NETLINK, _NEXT, "no family"),
@@ -129,4 +136,5 @@ def install() -> str:
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     if _libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:           # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         return "off (" + os.strerror(ctypes.get_errno()) + ")"
-    return f"seccomp ({len(_REFUSED)} calls, fcntl locks, shared anonymous maps and foreign socket families refused)"
+    return (f"seccomp ({len(_REFUSED)} calls, fcntl locks, shared anonymous maps over "
+            f"{SHARED_ANONYMOUS_BYTES >> 20} MiB and foreign socket families refused)")

@@ -9,13 +9,17 @@ Two jobs:
   ``WORKBOOK_SANDBOX_WITHOUT=cgroups``). Twenty times a second it adds up what its processes hold of every
   kind a process can hold: private anonymous memory, shared memory (``RssShmem``: the pages of the
   sandbox's own shared-memory files that its processes map) and page tables (``VmPTE``), from
-  ``/proc/<pid>/status`` (about 0.15 ms a process on a loaded 2-core machine). Only when that passes the
+  ``/proc/<pid>/status`` (about 0.15 ms a process on a loaded 2-core machine), plus, for each shared
+  anonymous object they map, the most it may hold (``seccomp.SHARED_ANONYMOUS_BYTES``): such an object
+  keeps the pages it was given after all but one page of it is unmapped, where no count of a process
+  shows them. Their maps are read once a second, and at the next look whenever the machine's shared
+  memory moves by 64 MiB (about 1 ms a process). Only when the sum passes the
   bound does it read each process's proportional share (``smaps_rollup`` ``Pss_Anon`` and ``Pss_Shmem``:
   pages shared by forked processes count once), and past the bound it kills the sandbox and says so.
   What no process's count shows is bounded elsewhere: files on the sandbox's own size-bounded tmpfs
   (``/dev/shm`` too; a mapped one counts there and here, so twice, never less); memory that belongs to
-  no process (SysV shared memory, POSIX message queues, memfd, shared anonymous mappings, pages pinned by
-  ``vmsplice``) is refused by its system-call filter (``seccomp``); kernel memory in its pipes and sockets
+  no process (SysV shared memory, POSIX message queues, memfd, pages pinned by ``vmsplice``) is refused
+  by its system-call filter (``seccomp``); kernel memory in its pipes and sockets
   is bounded only by its open-files and process limits (docs/grading.md gives the numbers). The
   sandbox's processes are also the kernel's first choice when the machine runs out of memory
   (``oom_score_adj`` 1000), never the grader. Between two looks a process can fault in what two cores
@@ -29,8 +33,12 @@ import os
 import select
 import threading
 
+from autograder.grading.seccomp import SHARED_ANONYMOUS_BYTES
+
 TAIL_BYTES = 64 << 10
 INTERVAL = 0.05
+SCAN_EVERY = 20                      # looks between two reads of its processes' maps (1 s) ...
+SCAN_WHEN_SHARED_MOVES = 64 << 20    # ... or sooner, when the machine's shared memory moved by this much
 
 
 class Watchdog(threading.Thread):
@@ -41,6 +49,9 @@ class Watchdog(threading.Thread):
         self.memory_bytes = memory_bytes       # None: a memory cgroup bounds it, nothing to watch
         self.root: int | None = None           # the sandbox's first process, once started
         self.peak = 0                          # the most memory its processes held together at one look
+        self._objects = 0                      # shared anonymous objects its processes map, at the last scan
+        self._scanned_at = (-SCAN_EVERY, 0)    # (look, the machine's shared memory) at that scan
+        self._looks = 0
         self._tail = collections.deque()
         self._tail_size = 0
         self._halt = threading.Event()
@@ -81,9 +92,16 @@ class Watchdog(threading.Thread):
 
     def _look(self) -> None:
         pids = tree(self.root)
-        held = sum(_resident(pid) for pid in pids)
+        self._looks += 1
+        shared = _machine_shared_memory()
+        look, seen = self._scanned_at
+        if self._looks - look >= SCAN_EVERY or abs(shared - seen) >= SCAN_WHEN_SHARED_MOVES:
+            self._objects = len(_shared_anonymous_objects(pids))
+            self._scanned_at = (self._looks, shared)
+        hidden = self._objects * SHARED_ANONYMOUS_BYTES      # what such objects may hold, unmapped or not
+        held = sum(_resident(pid) for pid in pids) + hidden
         if held > self.memory_bytes:                 # maybe only counted twice: pages shared since a fork
-            held = sum(_proportional(pid) for pid in pids)
+            held = sum(_proportional(pid) for pid in pids) + hidden
         self.peak = max(self.peak, held)
         if held > self.memory_bytes:
             self.kill(f"its processes held {held / 2**30:.1f} GiB of memory together, more than the "
@@ -107,6 +125,32 @@ def tree(root: int) -> list[int]:
 
 
 _RESIDENT = ("RssAnon:", "RssShmem:", "VmPTE:")
+
+
+def _machine_shared_memory() -> int:
+    """The machine's shared memory (``Shmem`` in ``/proc/meminfo``, KiB): what moves when any sandbox makes some."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith("Shmem:"))
+    except (OSError, ValueError, StopIteration):
+        return 0
+
+
+def _shared_anonymous_objects(pids: list[int]) -> set[int]:
+    """The shared anonymous objects (``MAP_SHARED|MAP_ANONYMOUS``, shown as ``/dev/zero (deleted)``) the
+    processes map, by inode: one a forked child shares with its parent counts once. Such an object keeps
+    the pages it was given after all but one page of it is unmapped, where no count of the process shows
+    them; the filter bounds each to ``SHARED_ANONYMOUS_BYTES``. About 1 ms a process that imported torch."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                for line in f:
+                    if line.endswith(b" /dev/zero (deleted)\n"):
+                        found.add(int(line.split()[4]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def _resident(pid: int) -> int:

@@ -91,17 +91,17 @@ _SHARED_HOARD = ("import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=Tr
 
 
 @pytest.mark.parametrize("flags", [0x21, 0x23], ids=["MAP_SHARED", "MAP_SHARED_VALIDATE"])
-def test_shared_anonymous_memory_is_refused_since_no_count_would_see_all_it_holds(monkeypatch, flags):
-    """Two processes each map 800 MB of shared anonymous memory (1.6 GB together, past this sandbox's 1.3 GiB).
-    Such an object keeps every page it was given once all but one page of it is unmapped, where no process's
-    count shows it: the filter refuses the mapping (EPERM), with or without a memory cgroup. ``/dev/zero``,
-    the other way to such an object, opens for reading only."""
+def test_a_shared_anonymous_object_is_made_only_up_to_its_bound(monkeypatch, flags):
+    """Two processes each map 800 MB of shared anonymous memory (1.6 GB together, past this sandbox's 1.3 GiB):
+    the filter refuses an object past 16 MiB (EPERM), with or without a memory cgroup, and the watchdog
+    charges each smaller one 16 MiB (below). ``/dev/zero``, the other way to such an object, opens for
+    reading only. The kinds of memory that no process's count shows at all are refused."""
     monkeypatch.setenv("WORKBOOK_SANDBOX_WITHOUT", "cgroups")
     with Sandbox(_SMALL, cell_seconds=30) as box:
         assert value(box, _SHARED_HOARD.format(flags=flags)) == [101, 101]       # 100 + EPERM: never mapped
-        assert isinstance(run(box, "import mmap\nmmap.mmap(-1, 1 << 20)"), PermissionError)
+        assert isinstance(run(box, "import mmap\nmmap.mmap(-1, (16 << 20) + 4096)"), PermissionError)
+        assert value(box, "import mmap\nRESULT = len(mmap.mmap(-1, 16 << 20))") == 16 << 20   # notebook 03's kind
         assert isinstance(run(box, "open('/dev/zero', 'r+b')"), PermissionError)
-        assert value(box, "import mmap\nRESULT = len(mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE))") == 1 << 20
         # The other kinds of memory that belong to no process: memfd, memfd_secret, pages pinned by vmsplice.
         refused = value(box, "import ctypes, os, platform\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                              "x86 = platform.machine() == 'x86_64'\nr, w = os.pipe()\nblock = ctypes.create_string_buffer(1 << 16)\n"
@@ -110,6 +110,25 @@ def test_shared_anonymous_memory_is_refused_since_no_count_would_see_all_it_hold
                              " 'memfd_secret': (447, 0), 'vmsplice': (278 if x86 else 75, w, iov, 1, 0)}.items():\n"
                              "    RESULT[name] = (libc.syscall(*args), ctypes.get_errno())")
         assert refused == dict.fromkeys(refused, (-1, 1)), refused       # EPERM each
+
+
+def test_pages_kept_by_shared_anonymous_objects_no_process_maps_are_counted(monkeypatch):
+    """Two processes each make 45 shared anonymous objects of 16 MiB, fill them, and unmap all but one page of
+    each: 1.4 GiB that no process's count shows (the objects keep their pages). The watchdog charges each
+    object the most it may hold and ends the sandbox."""
+    monkeypatch.setenv("WORKBOOK_SANDBOX_WITHOUT", "cgroups")
+    hoard = ("import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             "libc.mmap.restype = ctypes.c_void_p\n"
+             "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+             "libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]\nkids = []\nfor _ in range(2):\n"
+             "    pid = os.fork()\n    if pid == 0:\n        for _ in range(45):\n"
+             "            block = libc.mmap(None, 16 << 20, 3, 0x21, -1, 0)\n            ctypes.memset(block, 1, 16 << 20)\n"
+             "            libc.munmap(block + 4096, (16 << 20) - 4096)\n        time.sleep(4)\n        os._exit(0)\n"
+             "    kids.append(pid)\nRESULT = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in kids]")
+    with Sandbox(_SMALL, cell_seconds=30) as box:
+        assert box.confinement["memory"].startswith("watchdog"), box.confinement["memory"]
+        with pytest.raises(SandboxDied, match=r"held \d+\.\d GiB of memory together, more than"):
+            box.request("exec", hoard, "<test>")
 
 
 @pytest.mark.parametrize("kind", ["shared anonymous", "a shared-memory file"])
