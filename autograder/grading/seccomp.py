@@ -7,7 +7,7 @@ none of them is needed to run a notebook of this course:
   it): no raw, packet, vsock (the hypervisor's host), Bluetooth, crypto or other family, whatever the
   namespace would allow;
 - memory that no process's count shows, so that no per-process bound and no watchdog would see it:
-  SysV shared memory, message queues and semaphores, POSIX message queues (``mq_open``), memfd and
+  SysV shared memory, message queues and semaphores, POSIX message queues (``mq_open``), memfd,
   ``memfd_secret`` and ``vmsplice`` (pages it pins in a pipe stay after they are unmapped). A shared
   anonymous mapping (``mmap`` with ``MAP_SHARED|MAP_ANONYMOUS``, which notebook 03 shows and its wrong
   answers use) is made only up to ``SHARED_ANONYMOUS_BYTES``: its object keeps every page it was given

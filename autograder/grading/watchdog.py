@@ -7,23 +7,22 @@ Two jobs:
   the tail says why a sandbox that failed to start failed.
 - **Its memory, where no memory cgroup bounds it** (an ordinary user without a delegated cgroup, or
   ``WORKBOOK_SANDBOX_WITHOUT=cgroups``). Twenty times a second it adds up what its processes hold of every
-  kind a process can hold: private anonymous memory, shared memory (``RssShmem``: the pages of the
-  sandbox's own shared-memory files that its processes map) and page tables (``VmPTE``), from
-  ``/proc/<pid>/status`` (about 0.15 ms a process on a loaded 2-core machine), plus, for each shared
-  anonymous object they map, the most it may hold (``seccomp.SHARED_ANONYMOUS_BYTES``): such an object
-  keeps the pages it was given after all but one page of it is unmapped, where no count of a process
-  shows them. Their maps are read once a second, and at the next look whenever the machine's shared
-  memory moves by 64 MiB (about 1 ms a process). Only when the sum passes the
-  bound does it read each process's proportional share (``smaps_rollup`` ``Pss_Anon`` and ``Pss_Shmem``:
-  pages shared by forked processes count once), and past the bound it kills the sandbox and says so.
+  kind a process can hold: private anonymous memory, shared memory (``RssShmem``) and page tables
+  (``VmPTE``), from ``/proc/<pid>/status`` (0.06 to 0.15 ms a process on a loaded 2-core machine), plus,
+  for each shared anonymous object they map, the most it may hold (``seccomp.SHARED_ANONYMOUS_BYTES``):
+  such an object keeps the pages it was given after all but one page of it is unmapped, where no count
+  of a process shows them. Their maps are read once a second, and at the next look whenever the
+  machine's shared memory moves by 64 MiB (about 1 ms a process). Only when the sum passes the bound
+  does it read each process's proportional share (``smaps_rollup`` ``Pss_Anon`` and ``Pss_Shmem``: pages
+  shared by forked processes count once), and past the bound it kills the sandbox and says so.
   What no process's count shows is bounded elsewhere: files on the sandbox's own size-bounded tmpfs
   (``/dev/shm`` too; a mapped one counts there and here, so twice, never less); memory that belongs to
   no process (SysV shared memory, POSIX message queues, memfd, pages pinned by ``vmsplice``) is refused
-  by its system-call filter (``seccomp``); kernel memory in its pipes and sockets
-  is bounded only by its open-files and process limits (docs/grading.md gives the numbers). The
-  sandbox's processes are also the kernel's first choice when the machine runs out of memory
-  (``oom_score_adj`` 1000), never the grader. Between two looks a process can fault in what two cores
-  manage in 50 ms (a few hundred MB): the bound is that much softer than a cgroup's.
+  by its system-call filter (``seccomp``); kernel memory in its pipes and sockets is bounded only by its
+  open-files and process limits (docs/grading.md gives the numbers). The sandbox's processes are also
+  the kernel's first choice when the machine runs out of memory (``oom_score_adj`` 1000), never the
+  grader. Between two looks a process can fault in what two cores manage in 50 ms (a few hundred MB):
+  the bound is that much softer than a cgroup's.
 """
 
 from __future__ import annotations
