@@ -51,6 +51,9 @@ def _join_cgroups(groups: dict, without: list) -> dict:
 
 
 _SKIPPED = "off (switched off by WORKBOOK_SANDBOX_WITHOUT)"
+# Files and folders on each of its tmpfs: an empty file costs no size but about 1 KiB of kernel memory, which
+# only a memory cgroup counts; the default (half the machine's pages) would let 3 million of them hold 3 GiB.
+FILES_PER_TMPFS = 65536
 
 
 def _cpu_share() -> str:
@@ -174,13 +177,15 @@ def _private_folders(config: dict) -> str:
     temp folder too (``autograder.grading.scratch``).
 
     Sandboxes graded side by side then share no folder one of them could fill, or leave a file in for
-    the next; files it writes live in memory it is charged for; and the judge's own scratch folder (the
-    same path outside) is hidden: the judge only ever sees copies of what the submission wrote there."""
+    the next; files it writes live in memory it is charged for (their size and their number bounded); and
+    the judge's own scratch folder (the same path outside) is hidden: the judge only ever sees copies of
+    what the submission wrote there."""
     if not _mount("none", "/", None, MS_REC | MS_PRIVATE, None):
         return "shared (" + os.strerror(ctypes.get_errno()) + ")"
     limits = config["limits"]
     for target, size, mode in (("/dev/shm", limits["shm_bytes"], "1777"), (config["scratch"], limits["disk_bytes"], "700")):
-        if not _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}"):
+        options = f"size={size},nr_inodes={FILES_PER_TMPFS},mode={mode}"
+        if not _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options):
             return "shared (" + os.strerror(ctypes.get_errno()) + f" on {target})"
     from autograder.grading.scratch import HOME, TMP
     home = os.path.join(config["scratch"], HOME)
