@@ -134,8 +134,7 @@ class Training:
     def batch_indices(self, world_size: int, rank: int) -> list[int]:
         """The dataset indices this rank trains in the global batch at the cursor: positions cursor + rank,
         cursor + rank + world_size, ... of the global order (notebook 07's layout)."""
-        ends = self.cursor + GLOBAL_BATCH
-        return [global_order(p) for p in range(self.cursor + rank, ends, world_size)]
+        return [global_order(p) for p in range(self.cursor + rank, self.cursor + GLOBAL_BATCH, world_size)]
 
     def state(self) -> dict:
         return {"model": get_model_state_dict(self.model),
