@@ -24,9 +24,9 @@ BATCH_SIZE = 4
 
 
 def stateful_loader(dataset, **options) -> StatefulDataLoader:
-    """A StatefulDataLoader, built without the warning torchdata 0.11 triggers on torch 2.13.
+    """A StatefulDataLoader, built without the warning torchdata 0.11 triggers on torch 2.13 to 2.15.
 
-    torchdata calls torch.set_vital(), which torch 2.13 deprecates with a UserWarning at
+    torchdata calls torch.set_vital(), which torch 2.13 to 2.15 deprecate with a UserWarning at
     every construction: harmless, and not the learner's business.
     """
     with warnings.catch_warnings():

@@ -14,8 +14,10 @@ update is the same whatever the number of ranks, up to the order in which the gr
 What the jobs show is the bug and the mechanism. They save with ``dcp.save`` alone (enough
 against the SIGKILLs they suffer: the point of the commit marker), resume from a folder the
 notebook names, and stop on a SIGTERM only in the two ways the notebook shows to be wrong.
-The exercises' answers (the loader, the durable save with its pointer, the guard that stops
-every rank at one commit) are nowhere in this module.
+The exercises' answers (the loader, the durable save with its pointer, the resume plan, the guard
+that stops every rank at one commit) are nowhere in this module, nor parts of them a learner could
+wrap: the rank's share of a global batch is a method of the job's own state (dataset indices, at
+this module's global batch), and the two wrong SIGTERM handlers live inside the job's task.
 """
 
 from __future__ import annotations
@@ -86,11 +88,6 @@ def global_order(position: int, n: int = N, seed: int = 0) -> int:
     return int(torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))[offset])
 
 
-def rank_positions(cursor: int, global_batch: int, world_size: int, rank: int) -> list[int]:
-    """The global positions rank ``rank`` trains in the global batch that starts at ``cursor``."""
-    return list(range(cursor + rank, cursor + global_batch, world_size))
-
-
 @contextlib.contextmanager
 def quiet_logs():
     """DCP logs its failures through the *root* logger, with tracebacks: keep them out of a demo that
@@ -123,43 +120,6 @@ class DiesWhileSaving(FileSystemWriter):
         return result
 
 
-# ---- two SIGTERM handlers, both wrong: the notebook shows why --------------------------------------
-
-class SavesAndExits:
-    """The handler a deadline suggests: save right now, on the rank that got the notice, and exit."""
-
-    def __init__(self, save):
-        self.save = save
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum, frame):
-        self.save()
-        sys.exit(0)              # SystemExit, raised wherever this rank happened to be
-
-    def at_commit(self) -> bool:
-        return False
-
-
-class StopsOnItsOwnFlag:
-    """Half of the cure: the handler only sets a flag, read at the commit, but each rank reads its own."""
-
-    def __init__(self, save):
-        self.save = save
-        self.requested = False
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum, frame):
-        self.requested = True
-
-    def at_commit(self) -> bool:
-        if self.requested:
-            self.save()
-        return self.requested
-
-
-GUARDS = {"save_and_exit": SavesAndExits, "own_flag_only": StopsOnItsOwnFlag}
-
-
 # ---- one rank's training ----------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -170,6 +130,11 @@ class Training:
     optimizer: torch.optim.Optimizer
     cursor: int = 0
     losses: list = dataclasses.field(default_factory=list)
+
+    def batch_indices(self, world_size: int, rank: int) -> list[int]:
+        """The dataset indices this rank trains in the global batch at the cursor: positions cursor + rank,
+        cursor + rank + world_size, ... of the global order (notebook 07's layout)."""
+        return [global_order(p) for p in range(self.cursor + rank, self.cursor + GLOBAL_BATCH, world_size)]
 
     def state(self) -> dict:
         return {"model": get_model_state_dict(self.model),
@@ -186,6 +151,9 @@ class Training:
         self.cursor, self.losses = state["train"]["cursor"], list(state["train"]["losses"])
 
 
+GUARDS = ("save_and_exit", "own_flag_only")     # the two wrong SIGTERM handlers task_preempt runs
+
+
 def _build(world_size: int, shard: bool = True) -> Training:
     model = tiny_mlp(in_features=8, hidden=16, seed=0)
     if shard:
@@ -200,7 +168,7 @@ def _update(run: Training, world_size: int, rank: int) -> None:
     """One optimizer update on the global batch at the cursor; FSDP2 averages the gradient over ranks.
     The loss logged is the mean of the ranks' mean losses (what a training log prints)."""
     X, y = _DATA
-    indices = [global_order(p) for p in rank_positions(run.cursor, GLOBAL_BATCH, world_size, rank)]
+    indices = run.batch_indices(world_size, rank)
     loss = torch.nn.functional.mse_loss(run.model(X[indices]), y[indices])
     run.optimizer.zero_grad()
     loss.backward()
@@ -279,11 +247,24 @@ def task_preempt(rank: int, world_size: int, *, run_dir: str, steps: int, guard:
         saved.append(record)
         torch.save(saved, Path(run_dir) / f"rank{rank}.pt")
 
-    stopper = GUARDS[guard](save)
+    # The two wrong handlers (the notebook shows why each fails), as plain code of this task, with no
+    # object to wrap: "save_and_exit" saves and exits inside the handler, wherever the rank happened to be;
+    # "own_flag_only" records the notice, which this rank alone reads at its next commit.
+    if guard not in GUARDS:
+        raise ValueError(f"guard {guard!r}: one of {GUARDS}")
+    notices: list[int] = []
+
+    def on_sigterm(signum, frame) -> None:
+        if guard == "save_and_exit":
+            save()
+            sys.exit(0)              # SystemExit, raised wherever this rank happened to be
+        notices.append(signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     stopped_at = failed_at = None
     for step in range(1, steps + 1):
         X, y = _DATA
-        indices = [global_order(p) for p in rank_positions(run.cursor, GLOBAL_BATCH, world_size, rank)]
+        indices = run.batch_indices(world_size, rank)
         loss = torch.nn.functional.mse_loss(run.model(X[indices]), y[indices])
         run.optimizer.zero_grad()
         loss.backward()
@@ -300,7 +281,8 @@ def task_preempt(rank: int, world_size: int, *, run_dir: str, steps: int, guard:
         if (rank, step) == tuple(notice):
             os.kill(os.getpid(), signal.SIGTERM)     # the notice lands mid-update
         _commit(run)
-        if stopper.at_commit():
+        if notices:
+            save()
             stopped_at = step
             break
     return {"stopped_at": stopped_at, "failed_at": failed_at, "updates": len(run.losses), "saved": len(saved)}

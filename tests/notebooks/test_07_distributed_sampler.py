@@ -55,7 +55,7 @@ def test_checks_report_a_non_callable_answer():
 
 
 def test_sampler_facts_the_notebook_teaches():
-    """DistributedSampler in torch 2.13, as the notebook and the checks describe it."""
+    """DistributedSampler as torch 2.13 to 2.15 have it (the same code), as the notebook and the checks describe it."""
     # seed + epoch, and the same permutation for every world size that divides the dataset
     assert sampler_order(12, 0, 1, 1) == sampler_order(12, 1, 0, 1)
     assert sampler_order(12, 3, 2, 4) == sampler_order(12, 3, 2, 3) == sampler_order(12, 3, 2, 6)

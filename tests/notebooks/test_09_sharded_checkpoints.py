@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 from autograder import sharded_checkpoints as checks
 from autograder.sharded_checkpoints import preemption
 from autograder import sharded_demo
+from autograder.demos import cross_release
 from autograder.engine import forked_ranks
 from autograder.atomic_writes import recorded_file_operations
 from autograder.helpers import regression_data, tiny_mlp, train_step
@@ -45,7 +46,7 @@ def test_dcp_writes_metadata_last_by_a_rename(tmp_path):
 
 def test_dcp_never_fsyncs_a_folder_and_syncs_the_marker_as_its_release_flushes(tmp_path):
     """The power-cut half of the story: no folder is synced after the rename; whether the marker's bytes are
-    synced is the release's flush-before-fsync (2.13: not, 0 bytes covered; 2.14: flushed first)."""
+    synced is the release's flush-before-fsync (2.13: not, 0 bytes covered; 2.14 and 2.15: flushed first)."""
     events = _watched_save(tmp_path / "step_1")
     assert not [e for e in events if e["op"] == "fsync" and e["is_dir"]]
     marker = tmp_path / "step_1" / ".metadata"
@@ -221,3 +222,64 @@ def test_checks_report_a_non_callable_answer_and_an_unanswered_one():
 
     with pytest.raises(NotImplementedError):
         checks.check_preemption_guard_saves(Stub)
+
+
+# ---- across releases: what the notebook's "A checkpoint from a newer PyTorch" and Optimizer(set) notes say ----
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+INSTALLED = _release(torch.__version__)
+
+
+@pytest.mark.parametrize("written", sorted(cross_release.WRITTEN))
+def test_a_release_reads_older_checkpoints_and_2_15s_do_not_load_on_2_13_or_2_14(tmp_path, written):
+    folder = cross_release.written_by(written, tmp_path)
+    assert (folder / cross_release.RELEASE_FILE).read_text() == written
+    state = {"model": {"weight": torch.zeros(2, 3)}}
+    if _release(written) <= INSTALLED:
+        assert FileSystemReader(str(folder)).read_metadata().version == "1.0.0"   # DCP's format: no release in it
+        dcp.load(state, checkpoint_id=folder)
+        assert torch.equal(state["model"]["weight"], torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    else:
+        assert written == "2.15.0" and INSTALLED < (2, 15)
+        with pytest.raises(ValueError, match=re.escape("too many values to unpack (expected 5)")):
+            FileSystemReader(str(folder)).read_metadata()
+        with sharded_demo.quiet_logs(), pytest.raises(dcp.api.CheckpointException,
+                                                       match=re.escape("too many values to unpack (expected 5)")):
+            dcp.load(state, checkpoint_id=folder)
+
+
+def test_the_shipped_checkpoint_is_what_its_release_writes(tmp_path, monkeypatch):
+    """The files in cross_release are the installed release's own, where it is one of the two (2.13 or 2.15):
+    the same save here writes the same shard and a marker of the same length and content, bar its save id."""
+    shipped = next((r for r in cross_release.WRITTEN if _release(r) == INSTALLED), None)
+    if shipped is None:
+        pytest.skip(f"torch {torch.__version__} wrote none of the shipped checkpoints")
+    monkeypatch.chdir(tmp_path)
+    dcp.save({"model": {"weight": torch.arange(6, dtype=torch.float32).reshape(2, 3)}}, checkpoint_id="step_8")
+    theirs = cross_release.written_by(shipped, tmp_path / "shipped")
+    ours = tmp_path / "step_8"
+    assert (ours / "__0_0.distcp").read_bytes() == (theirs / "__0_0.distcp").read_bytes()
+    assert (ours / ".metadata").stat().st_size == (theirs / ".metadata").stat().st_size
+    read = [FileSystemReader(str(f)).read_metadata() for f in (ours, theirs)]
+    assert read[0].state_dict_metadata == read[1].state_dict_metadata
+    assert read[0].storage_data == read[1].storage_data
+
+
+def test_an_optimizer_given_a_set_warns_since_2_15():
+    """The raw state_dict keys Adam's state by position; a set of parameters has no stable order."""
+    model = tiny_mlp(8, 16, seed=0)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.zeros(2, 8)).sum().backward()
+    optimizer.step()
+    assert list(optimizer.state_dict()["state"]) == [0, 1, 2, 3]
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.optim.Adam(set(model.parameters()))
+    expected = [FutureWarning] if INSTALLED >= (2, 15) else []
+    assert [w.category for w in caught] == expected
+    assert all("ordering of tensors in sets will change between runs" in str(w.message) for w in caught)

@@ -350,3 +350,90 @@ def test_no_torch_adam_to_wrap_is_left():
     from autograder.adam_resume.problem import _TorchReference
     assert not hasattr(module, "TorchAdam")
     assert list(inspect.signature(_TorchReference).parameters) == ["seed", "hp"]
+
+
+# ---- near-answers: what a learner completes rather than calls (issue 38, item 5) -------------------------
+
+def _methods(cls) -> set[str]:
+    """The non-dunder methods a class defines (its own and its package bases'), names without leading
+    underscores: a private `_on_sigterm` is the same contract as `on_sigterm` to a learner who subclasses."""
+    names = set()
+    for klass in cls.__mro__:
+        if klass is not cls and not getattr(klass, "__module__", "").startswith("autograder"):
+            continue
+        names |= {n.lstrip("_") for n, v in vars(klass).items()
+                  if callable(v) and not (n.startswith("__") and n.endswith("__"))}
+    return names
+
+
+def _twins(right) -> list[str]:
+    """The package's classes that take the exercise's constructor call and define every method of its
+    contract: a subclass that fills in one body (09's flag read at the commit, without the all-reduce
+    that makes every rank agree) is the exercise done."""
+    contract = _methods(right)
+    arity = _required_positional(right)
+    return [f"{c.__module__}.{c.__qualname__}" for c in CANDIDATES
+            if inspect.isclass(c) and contract and contract <= _methods(c) and _takes(c, arity, True)]
+
+
+CLASS_EXERCISES = [(key, exercise) for key, exercise in EXERCISES if inspect.isclass(_first_right(key, exercise))]
+
+
+@pytest.mark.parametrize("key, exercise", CLASS_EXERCISES, ids=[f"{k}-{e}" for k, e in CLASS_EXERCISES])
+def test_no_class_of_the_package_is_a_twin_of_the_exercise(key, exercise):
+    assert _twins(_first_right(key, exercise)) == [], f"{key} {exercise}: a subclass away"
+
+
+def test_the_twin_scan_sees_a_guard_without_its_all_reduce():
+    """The control: the demo's old half-cure (a flag read at the commit, each rank its own) is a twin."""
+    class StopsOnItsOwnFlag:
+        __module__ = "autograder.demos.sharded_demo"
+
+        def __init__(self, save):
+            self.save, self.requested = save, False
+
+        def _on_sigterm(self, signum, frame):
+            self.requested = True
+
+        def at_commit(self):
+            return self.requested
+
+    right = _first_right("09", "PreemptionGuard")
+    assert _methods(right) == {"on_sigterm", "at_commit"}
+    assert _methods(StopsOnItsOwnFlag) >= _methods(right) and _takes(StopsOnItsOwnFlag, 1, True)
+
+
+def _positions_resume_plan(rank_positions):
+    """notebook 09's resume_plan, wrapped around a function that gives a rank's positions of one global batch
+    (cursor, global_batch, world_size, rank): the demo once held one."""
+    def resume_plan(saved, new_world_size, steps):
+        cursor, batch = sum(saved["samples_seen"]), saved["global_batch"]
+        return [[list(rank_positions(cursor + u * batch, batch, new_world_size, r)) for u in range(steps)]
+                for r in range(new_world_size)]
+    return resume_plan
+
+
+def _demo_layout_resume_plan(saved, new_world_size, steps):
+    """The same plan from what the demo holds now: the job's own state gives its batch's dataset indices,
+    at the demo's global batch."""
+    from autograder.demos.sharded_demo import Training
+    run = Training(model=None, optimizer=None)
+
+    def rank_positions(cursor, global_batch, world_size, rank):
+        run.cursor = cursor
+        return run.batch_indices(world_size, rank)
+    return _positions_resume_plan(rank_positions)(saved, new_world_size, steps)
+
+
+def test_no_function_of_the_package_wrapped_as_a_ranks_share_answers_resume_plan():
+    """09's exercise 3 is one line around a rank's share of a global batch: no function of the package taking
+    (cursor, global_batch, world_size, rank) may give it, and the demo's layout, adapted, gives none either."""
+    started = time.monotonic()
+    control = _positions_resume_plan(lambda cursor, batch, world, rank: range(cursor + rank, cursor + batch, world))
+    assert _answers_apart("09", "resume_plan", control, CONTROL_TIMEOUT), "the wrapped form is not seen"
+    timeout = max(8.0, 4 * (time.monotonic() - started))
+    tried = [c for c in CANDIDATES if _takes(c, 4, False)]
+    answering = [f"{c.__module__}.{c.__qualname__}" for c in tried
+                 if _answers_apart("09", "resume_plan", _positions_resume_plan(c), timeout)]
+    assert tried and answering == []
+    assert not _answers_apart("09", "resume_plan", _demo_layout_resume_plan, timeout)

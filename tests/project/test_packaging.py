@@ -49,7 +49,7 @@ def test_the_installed_torch_is_a_build_of_the_declared_range():
     from packaging.version import Version
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = next(r for r in project["dependencies"] if _name(r) == "torch")
-    assert declared == "torch>=2.13,<2.15"
+    assert declared == "torch>=2.13,<2.16"
     installed = Version(importlib.metadata.version("torch"))
     assert installed in SpecifierSet(declared[len("torch"):]), (installed, declared)
     assert installed.public == torch.__version__.split("+")[0]
@@ -62,3 +62,26 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python3 workbook.py test" in readme and "python3 workbook.py test" in ci
     assert "python3 workbook.py lab" in readme
+
+
+def test_ci_tests_both_ends_of_the_declared_range():
+    """README, "Which PyTorch": job 1 runs on the lowest release of the range (workbook.py's fallback, 2.13.0's
+    CPU build here), job 2 on the newest, installed from PyPI with no pip configuration file (a machine's may
+    cap torch below it), and the README names both."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    import workbook
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = SpecifierSet(next(r for r in project["dependencies"] if _name(r) == "torch")[len("torch"):])
+    upper = Version(next(s.version for s in declared if s.operator == "<"))
+    lower = Version(next(s.version for s in declared if s.operator == ">="))
+    installs = re.findall(r'^(PIP_CONFIG_FILE=/dev/null )?"\$newest/bin/pip" install .*?"torch==([\d.]+)"',
+                          (ROOT / ".ci" / "run").read_text(), re.M)
+    assert len(installs) == 1 and installs[0][0], "job 2 installs torch once, without the machine's pip configuration"
+    newest = Version(installs[0][1])
+    assert newest in declared and newest.release[:2] == (upper.major, upper.minor - 1)
+    assert Version(workbook.FALLBACK_TORCH.split("==")[1]).release[:2] == lower.release[:2]
+    readme = (ROOT / "README.md").read_text()
+    assert f"{newest} as pip installs it by default" in readme
+    assert f"{workbook.FALLBACK_TORCH.split('==')[1]}'s CPU build" in readme
