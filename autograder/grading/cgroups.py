@@ -109,8 +109,10 @@ def remove(groups: dict[str, str]) -> None:
 
 def remove_all(wait: float = 5.0) -> list[Path]:
     """Kill what runs in every group this process made and remove them all, waiting up to ``wait`` seconds for
-    their processes to be reaped (by the zygote, or by init once their parent is gone); the groups left."""
-    groups = list(dict.fromkeys([*_live, *_pending]))
+    their processes to be reaped (by the zygote, or by init once their parent is gone); the groups left. Only
+    its own: a child forked from a grader (a check's rank) inherits the lists, not the sandboxes."""
+    mine = f"{PREFIX}{owner_tag()}-"
+    groups = [group for group in dict.fromkeys([*_live, *_pending]) if group.name.startswith(mine)]
     for group in groups:
         _kill_members(group)
     deadline = time.monotonic() + wait
@@ -121,7 +123,9 @@ def remove_all(wait: float = 5.0) -> list[Path]:
         time.sleep(0.02)
     for group in groups:
         _live.pop(group, None)
-    _pending[:] = left
+        if group in _pending and group not in left:
+            _pending.remove(group)
+    _pending.extend(group for group in left if group not in _pending)
     return left
 
 
