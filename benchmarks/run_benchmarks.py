@@ -207,7 +207,8 @@ def print_notebooks(result: dict) -> None:
         for what, m in measured.items():
             low, high = m["spread"]
             say(f"{r['notebook']:<28} {what:<9} {m['median_s']:>6.2f} {m['floor_median_s']:>7.2f} "
-                f"{m['ratio_of_medians']:>5.2f}x {low:>5.2f}..{high:<5.2f} {m['ratio_to_floor_without_optimizer']:>7.2f}x "
+                f"{m['ratio_of_medians']:>5.2f}x {low:>5.2f}..{high:<5.2f} "
+                f"{m['ratio_to_floor_without_optimizer']:>7.2f}x "
                 f"{r['target_ratio']:>5}x {m['load'][0]:>4.1f}-{m['load'][1]:<4.1f}  {r['error'] or m['verdict']}")
     say("verdict: ok where every pair's ratio (the spread) is within the target, SLOWER where every one is over "
         "it; too noisy to call where the spread holds the target: run again on a quieter machine or with more "

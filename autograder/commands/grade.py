@@ -247,7 +247,8 @@ def cluster_workers(address: str, wait_seconds: float = 60, wanted: int = 1):
                          f"{start}, wait longer (--wait-for-workers) or ask for fewer")
     print(f"workbook-grade: {len(accepted)} workers of {address} grade; workers that join later are used too",
           flush=True)
-    return WorkerSlots(address, accepted, known, lambda line: print(f"workbook-grade: {line}", file=sys.stderr, flush=True))
+    return WorkerSlots(address, accepted, known,
+                       lambda line: print(f"workbook-grade: {line}", file=sys.stderr, flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -282,7 +282,8 @@ def test_a_worker_that_joins_after_grading_started_is_used(blank_course, tmp_pat
             try:
                 held = _wait_for(lambda: client.processing(workers=[first])[first], 120)
                 assert held, "the first worker never took a submission: " + grade_log.read_text()[-2000:]
-                started.append(_start([PYTHON, WORKBOOK, "worker", address, "--nworkers", "1"], tmp_path / "second.log"))
+                started.append(_start([PYTHON, WORKBOOK, "worker", address, "--nworkers", "1"],
+                                      tmp_path / "second.log"))
                 # Only a worker that joined after grading started can grade while the first holds its own.
                 graded_while_held = _wait_for(lambda: _graded(course), 300)
                 gate.touch()
@@ -311,8 +312,8 @@ def test_a_worker_that_joins_after_grading_started_is_used(blank_course, tmp_pat
 
 
 def _cgroups_here() -> bool:
-    made = subprocess.run([PYTHON, "-c", "from autograder.grading import cgroups\n"
-                                         "groups = cgroups.make(64, 2**30)\nprint(bool(groups))\ncgroups.remove(groups)"],
+    made = subprocess.run([PYTHON, "-c", "from autograder.grading import cgroups\ngroups = cgroups.make(64, 2**30)\n"
+                                         "print(bool(groups))\ncgroups.remove(groups)"],
                           capture_output=True, text=True, cwd=REPO_ROOT)
     return made.stdout.strip() == "True"
 
@@ -325,9 +326,10 @@ def _groups_of(tag: str) -> list[Path]:
 @pytest.mark.parametrize("ended", ["the worker process", "the worker command alone"])
 def test_a_worker_ended_with_sigterm_leaves_no_cgroup(blank_course, tmp_path, ended):  # noqa: F811
     """SIGTERM to a Dask worker process (as `kill` or a process group's end sends it) runs its handler, and
-    SIGTERM to the worker command alone (`workbook.py worker`, `workbook-worker`) closes its workers through Dask (its teardown): either way the
-    sandboxes of the submission being judged end and their cgroups are removed. (A worker killed with SIGKILL
-    leaves them to the next grader's sweep: test_isolation's test of a grader that died.)"""
+    SIGTERM to the worker command alone (`workbook.py worker`, `workbook-worker`) closes its workers through
+    Dask (its teardown): either way the sandboxes of the submission being judged end and their cgroups are
+    removed. (A worker killed with SIGKILL leaves them to the next grader's sweep: test_isolation's test of a
+    grader that died.)"""
     if not _cgroups_here():
         pytest.skip("this user cannot make a sandbox's cgroups here (an ordinary user without a delegated "
                     "cgroup v2): a worker has none to leave behind")
