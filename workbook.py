@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import venv
@@ -109,7 +110,15 @@ def tool_env() -> dict:
 
 
 def run(args: list[str]) -> int:
-    return subprocess.call(args, cwd=ROOT, env=tool_env())
+    """The tool's exit status. A SIGTERM to this command is passed on to the tool (which would run on alone
+    otherwise); the terminal's Ctrl-C reaches both, and this waits for the tool to stop in its own way."""
+    tool = subprocess.Popen(args, cwd=ROOT, env=tool_env())
+    signal.signal(signal.SIGTERM, lambda number, frame: tool.send_signal(number))
+    while True:
+        try:
+            return tool.wait()
+        except KeyboardInterrupt:
+            continue
 
 
 def release(names: list[str]) -> int:

@@ -110,11 +110,12 @@ class Interrupted(Exception):
     pass
 
 
-def run_class(jobs: list[SubmissionJob], workers: int, grade: Callable = grade_submission,
+def run_class(jobs: list[SubmissionJob], workers: int | Callable[[], int], grade: Callable = grade_submission,
               submission_timeout: float | None = None, retries: int = 1,
               on_outcome: Callable[[SubmissionOutcome], None] = lambda o: None,
               progress: Progress | None = None) -> list[SubmissionOutcome]:
-    """Grade ``jobs`` with up to ``workers`` children at a time; raise Interrupted on SIGINT/SIGTERM.
+    """Grade ``jobs`` with up to ``workers`` children at a time (a callable is asked again before each start: a
+    cluster's workers that join later are used); raise Interrupted on SIGINT/SIGTERM.
 
     ``on_outcome`` is called in this process as each submission finishes (before the next
     one is started), so what it records survives an interruption.
@@ -150,7 +151,7 @@ def run_class(jobs: list[SubmissionJob], workers: int, grade: Callable = grade_s
 
     try:
         while pending or running:
-            while pending and len(running) < workers and not stop:
+            while pending and len(running) < (workers() if callable(workers) else workers) and not stop:
                 launch(pending.pop(), attempt=1)
             if stop:
                 raise Interrupted(stop[0])

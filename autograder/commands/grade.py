@@ -146,11 +146,12 @@ class GradingRecord:
                 for e in self.entries.values()]
 
 
-def grade_assignment(course: Path, assignment: str, settings: dict, workers: int, cell_timeout: int,
+def grade_assignment(course: Path, assignment: str, settings: dict, workers, cell_timeout: int,
                      students: list[str] | None = None, regrade: bool = False,
                      submission_timeout: float | None = None, quiet: bool = False,
                      scheduler: str = "", allow_unconfined: bool = False) -> list[SubmissionOutcome]:
-    """Grade every (or the chosen) submission of one assignment; returns the outcomes of all of them."""
+    """Grade every (or the chosen) submission of one assignment; returns the outcomes of all of them. ``workers``:
+    how many at once, or a callable that says it each time (a cluster's ``WorkerSlots``)."""
     db_url = sqlite_with_busy_timeout(settings["db_url"])
     with Gradebook(db_url) as gb:
         try:
@@ -170,7 +171,8 @@ def grade_assignment(course: Path, assignment: str, settings: dict, workers: int
         skipped = len(chosen) - len(todo)
         print(f"{assignment}: {len(chosen)} submissions, {len(todo)} to grade"
               + (f" ({skipped} already graded and unchanged; --regrade grades them again)" if skipped else "")
-              + f", {min(workers, max(len(todo), 1))} at a time", flush=True)
+              + (f", {min(workers, max(len(todo), 1))} at a time" if not callable(workers) else
+                 f", one per worker of the cluster at a time (now {workers()})"), flush=True)
     parallel = not scheduler and min(workers, len(todo)) > 1
     jobs = [SubmissionJob(str(course), assignment, s, db_url, cell_timeout, str(reports / "logs" / f"{s}.log"),
                           scheduler, parallel, allow_unconfined) for s in todo]
@@ -202,11 +204,12 @@ def confinement_here(course: Path, parallel: bool, allow_unconfined: bool) -> li
     return lacking
 
 
-def cluster_workers(address: str, wait_seconds: float = 60) -> int:
-    """The workers of the cluster that hold this course (others are refused, each with the reason), waited
-    for up to ``wait_seconds`` (workers started with the scheduler register a few seconds later); ends the
-    command when the scheduler does not answer or no worker of this course came."""
-    from autograder.grading.cluster import ClusterError, check_workers, connect
+def cluster_workers(address: str, wait_seconds: float = 60, wanted: int = 1):
+    """The cluster's workers of this course as a ``WorkerSlots`` (called, how many submissions to send at once;
+    workers that join later count as they come). Others are refused, each with the reason. Waits up to
+    ``wait_seconds`` for ``wanted`` of them (workers started with the scheduler register a few seconds later),
+    saying how many are there; ends the command when the scheduler does not answer or too few came."""
+    from autograder.grading.cluster import ClusterError, WorkerSlots, check_workers, connect
 
     try:
         client = connect(address)
@@ -215,26 +218,37 @@ def cluster_workers(address: str, wait_seconds: float = 60) -> int:
     deadline = time.monotonic() + wait_seconds
     try:
         accepted, refused = check_workers(client)
-        if not accepted and wait_seconds > 0:
-            print(f"workbook-grade: waiting up to {wait_seconds:g} s for a worker of this course at {address} "
-                  f"(--wait-for-workers)", file=sys.stderr, flush=True)
-        while not accepted and time.monotonic() < deadline:
+        said = None
+        while len(accepted) < wanted and time.monotonic() < deadline:
+            if len(accepted) != said:
+                said = len(accepted)
+                print(f"workbook-grade: waiting up to {deadline - time.monotonic():.0f} s (--wait-for-workers) for "
+                      f"{wanted} worker{'s' if wanted > 1 else ''} of this course at {address}: {said} there so far",
+                      file=sys.stderr, flush=True)
             try:                   # Dask's own wait for a worker to register, then: does it hold this course?
                 client.wait_for_workers(len(client.scheduler_info()["workers"]) + 1,
                                         timeout=max(0.1, min(2.0, deadline - time.monotonic())))
             except (TimeoutError, OSError):
                 pass
             accepted, refused = check_workers(client)
+        known = set(client.scheduler_info(n_workers=-1)["workers"])
     finally:
         client.close()   # the grading children connect on their own: a client does not survive a fork
     for line in refused:
         print(f"workbook-grade: refused worker {line}", file=sys.stderr)
+    start = f"start {'some' if not accepted else 'more'} with `python3 workbook.py worker {address}`"
     if not accepted:
         raise SystemExit(f"workbook-grade: no worker of {address} holds this course"
                          + (f" (waited {wait_seconds:g} s)" if wait_seconds > 0 else "")
-                         + ("" if refused else ": start some with `python3 workbook.py worker " + address + "`"))
-    print(f"workbook-grade: {len(accepted)} workers of {address} grade", flush=True)
-    return len(accepted)
+                         + ("" if refused else f": {start}"))
+    if len(accepted) < wanted:
+        raise SystemExit(f"workbook-grade: {len(accepted)} of the {wanted} workers asked for (--workers {wanted}) "
+                         f"hold this course at {address} after {wait_seconds:g} s: {wanted - len(accepted)} missing; "
+                         f"{start}, wait longer (--wait-for-workers) or ask for fewer")
+    print(f"workbook-grade: {len(accepted)} workers of {address} grade; workers that join later are used too",
+          flush=True)
+    return WorkerSlots(address, accepted, known,
+                       lambda line: print(f"workbook-grade: {line}", file=sys.stderr, flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scheduler", default="",
                         help="judge on the workers of this Dask scheduler, tcp://HOST:PORT (workbook-worker); "
                              "this machine still writes the gradebook")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="with --scheduler: wait for N workers of this course before grading (default: "
+                             "%(default)s); workers that join later are used as they come either way")
     parser.add_argument("--wait-for-workers", type=float, default=60, metavar="SECONDS",
-                        help="with --scheduler: how long to wait for a worker of this course (default %(default)s)")
+                        help="with --scheduler: how long to wait for them (default %(default)s)")
     parser.add_argument("--students", nargs="+", help="grade only these students")
     parser.add_argument("--timeout", type=int, default=DEFAULT_CELL_TIMEOUT, help="seconds allowed per cell")
     parser.add_argument("--submission-timeout", type=float, default=None,
@@ -261,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    workers = args.jobs or (cluster_workers(args.scheduler, args.wait_for_workers) if args.scheduler
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    workers = args.jobs or (cluster_workers(args.scheduler, args.wait_for_workers, args.workers) if args.scheduler
                             else default_workers())
 
     course = Path(args.course).resolve()

@@ -12,6 +12,11 @@ Each worker process starts the sandbox zygote at once (``dask_setup``), so the f
 does not wait for torch to import. With a scheduler on this machine's loopback the worker listens
 on loopback too.
 
+A worker process that is ended (SIGTERM, as the nanny or a `kill` sends, or Dask closing it) first ends the
+sandboxes it still runs and removes their cgroups (``cgroups.remove_all``); one killed outright (SIGKILL, out
+of memory) leaves them to the next grader's sweep on this machine (``cgroups.sweep``: what a process that is
+gone made is removed at the first sandbox of the next worker or grading process).
+
 Each worker process says at its start what confines a submission on this machine, and refuses to start
 where a protection is missing (``autograder.grading.protections``; several worker processes on one
 machine judge side by side, so each sandbox then also needs CPU and processes of its own), unless it was
@@ -22,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from autograder.contract import with_tools_on_path
@@ -57,6 +64,34 @@ def dask_setup(worker) -> None:
     lacking = protections.enforce(confinement, policy.parallel, policy.allow_unconfined)   # refuses to start
     if lacking:
         print(f"workbook-worker: {protections.unconfined_note(lacking)}", file=sys.stderr, flush=True)
+    if threading.current_thread() is threading.main_thread():   # a worker process of its own (not in-process)
+        _end_sandboxes_on(signal.SIGTERM)
+
+
+def dask_teardown(worker) -> None:
+    """Dask's preload hook when the worker closes: a submission still being judged (its thread is abandoned,
+    and a Dask worker process skips atexit) loses its sandboxes now, not to the next sweep."""
+    from autograder.grading import cgroups
+
+    cgroups.remove_all()
+
+
+def _end_sandboxes_on(signum: int) -> None:
+    """On ``signum``, end this process's sandboxes and remove their cgroups, then do what the signal did before
+    (for SIGTERM: end the process)."""
+    before = signal.getsignal(signum)
+
+    def handler(number, frame):
+        from autograder.grading import cgroups
+
+        cgroups.remove_all()
+        if callable(before):
+            before(number, frame)
+        else:
+            signal.signal(number, signal.SIG_DFL if before is None else before)
+            os.kill(os.getpid(), number)
+
+    signal.signal(signum, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,9 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     command = dask_worker_command(args.scheduler, args.nworkers, extra)
     env = dict(os.environ, OMP_NUM_THREADS="1", **{WORKER_PARALLEL: "1" if args.nworkers > 1 else "0",
                                                   WORKER_ALLOW_UNCONFINED: "1" if args.allow_unconfined else "0"})
+    worker = subprocess.Popen(command, env=with_tools_on_path(env))
+    # A SIGTERM to this command alone reaches Dask's worker command too, which closes its workers.
+    signal.signal(signal.SIGTERM, lambda number, frame: worker.send_signal(number))
     try:
-        return subprocess.call(command, env=with_tools_on_path(env))
-    except KeyboardInterrupt:
+        return worker.wait()
+    except KeyboardInterrupt:    # the terminal's Ctrl-C reached Dask's command as well: let it close its workers
+        try:
+            worker.wait(timeout=30)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            worker.kill()
         return 130
 
 

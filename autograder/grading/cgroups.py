@@ -13,7 +13,9 @@ Two ways to get one:
 Each group is named after the grading process (pid and start time), so a later run can tell the groups
 and folders of a grader that died (killed, out of memory) from those of one still running, and remove
 them (``sweep``). A group whose processes are still being reaped when its sandbox closes is removed later
-instead of being waited for.
+instead of being waited for (at the next group made, or at exit). ``remove_all`` ends every sandbox this
+process still has and removes its groups: a process that is ended (a Dask worker's SIGTERM) calls it first,
+as nothing else would remove them until another grader's sweep.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ PREFIX = "workbook-sandbox-"
 V1_CONTROLLERS = ("pids", "memory", "cpu")
 _counter = itertools.count()
 _pending: list[Path] = []          # groups whose removal has to wait for their processes to be reaped
+_live: dict[Path, None] = {}       # groups made and not yet removed (in order), for remove_all
 _v2_base: dict = {}                # "path": the delegated v2 cgroup the sandboxes' groups go in (cached)
 
 
@@ -57,6 +60,7 @@ def owner_alive(tag: str | None) -> bool:
 
 def make(processes: int, memory_bytes: int) -> dict[str, str]:
     """The sandbox's groups, {controller: path}, set to these limits; {} where none can be made."""
+    _retry_pending()           # a long-lived grader (a Dask worker) does not pile them up
     name = f"{PREFIX}{owner_tag()}-{next(_counter)}"
     base = _delegated_v2()
     if base is not None:
@@ -73,6 +77,7 @@ def make(processes: int, memory_bytes: int) -> dict[str, str]:
         made = {"v2": str(group), "pids": str(group), "memory": str(group)}
         if "cpu" in (group / "cgroup.controllers").read_text().split():
             made["cpu"] = str(group)
+        _live[group] = None
         return made
     made = {}
     for controller, settings in (("pids", {"pids.max": processes}),
@@ -89,6 +94,7 @@ def make(processes: int, memory_bytes: int) -> dict[str, str]:
             _remove_now(group)
             continue
         made[controller] = str(group)
+        _live[group] = None
     return made
 
 
@@ -96,8 +102,37 @@ def remove(groups: dict[str, str]) -> None:
     """Remove a sandbox's groups, killing what is left in them; a group still busy is removed later."""
     for path in dict.fromkeys(groups.values()):
         group = Path(path)
+        _live.pop(group, None)
         if not _remove_now(group):
             _pending.append(group)
+
+
+def remove_all(wait: float = 5.0) -> list[Path]:
+    """Kill what runs in every group this process made and remove them all, waiting up to ``wait`` seconds for
+    their processes to be reaped (by the zygote, or by init once their parent is gone); the groups left. Only
+    its own: a child forked from a grader (a check's rank) inherits the lists, not the sandboxes."""
+    mine = f"{PREFIX}{owner_tag()}-"
+    groups = [group for group in dict.fromkeys([*_live, *_pending]) if group.name.startswith(mine)]
+    for group in groups:
+        _kill_members(group)
+    deadline = time.monotonic() + wait
+    while True:
+        left = [group for group in groups if not _remove_now(group, tries=1)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    for group in groups:
+        _live.pop(group, None)
+        if group in _pending and group not in left:
+            _pending.remove(group)
+    _pending.extend(group for group in left if group not in _pending)
+    return left
+
+
+def _retry_pending() -> None:
+    for group in list(_pending):
+        if _remove_now(group, tries=1):
+            _pending.remove(group)
 
 
 def _remove_now(group: Path, tries: int = 5) -> bool:
@@ -136,9 +171,7 @@ def _kill_members(group: Path) -> None:
 def sweep() -> None:
     """Remove the groups this process could not remove at once, and the sandboxes' groups and folders of
     graders that are no longer running (killed, out of memory)."""
-    for group in list(_pending):
-        if _remove_now(group, tries=1):
-            _pending.remove(group)
+    _retry_pending()
     parents = [_v1_parent(controller) for controller in V1_CONTROLLERS] + [_delegated_v2(setup=False)]
     for parent in filter(None, parents):
         try:
@@ -175,7 +208,7 @@ def _tag_of(name: str, prefix: str) -> str | None:
     return None
 
 
-atexit.register(lambda: [_remove_now(group, tries=50) for group in _pending])
+atexit.register(remove_all)     # a sandbox still open at exit has its processes ended with it
 
 
 # ---- where groups can be made ------------------------------------------------------------------------

@@ -10,6 +10,10 @@ fingerprint of the hidden tests, the grader's code and the torch and Python vers
 submission asks for the grading process's own. A worker of another course version never receives
 one; ``check_workers`` says which part differs.
 
+``WorkerSlots`` is how many submissions the grading process sends at once: one per worker of this course
+that the scheduler knows, asked again every few seconds while the class is graded, so a worker that joins
+late is used as soon as it has registered (and one that left is no longer counted).
+
 A worker that dies in the middle of a submission (killed, out of memory) has its submission graded
 again on another: Dask reschedules it. One that kills every worker it reaches is given up after Dask's
 ``distributed.scheduler.allowed-failures`` tries and scored zero with the reason (``not_gradable``).
@@ -17,11 +21,14 @@ again on another: Dask reschedules it. One that kills every worker it reaches is
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
 import os
 import platform
+import time
+from typing import Callable
 
 import nbformat
 
@@ -81,6 +88,56 @@ def check_workers(client) -> tuple[list[str], list[str]]:
                   if parts.get(part) != value]
         (refused.append(f"{address}: another course: {'; '.join(differ)}") if differ else accepted.append(address))
     return accepted, refused
+
+
+def scheduler_workers(address: str) -> dict[str, dict]:
+    """{worker address: the resources it offers}, as the scheduler knows them now. One request and no Client: a
+    Client leaves an event-loop thread behind it, and the grading process forks its children between two asks."""
+    from distributed.core import rpc
+    from distributed.security import Security
+
+    async def ask() -> dict:
+        async with rpc(address, connection_args=Security().get_connection_args("client")) as scheduler:
+            return await scheduler.identity()
+
+    workers = asyncio.run(asyncio.wait_for(ask(), CONNECT_SECONDS))["workers"]
+    return {worker: dict(info.get("resources") or {}) for worker, info in workers.items()
+            if info.get("status", "running") == "running"}
+
+
+POLL_SECONDS = 2.0
+
+
+class WorkerSlots:
+    """Called, the number of submissions to judge at once: the workers of this course the scheduler has now
+    (each ``workbook-worker`` process judges one at a time), asked at most every ``POLL_SECONDS``; at least 1, so
+    a class waits in Dask's queue for a worker rather than here. Says when a worker joins or leaves."""
+
+    def __init__(self, address: str, workers: list[str], known: set[str], say: Callable[[str], None]):
+        self.address, self.say = address, say
+        self.workers, self.others = set(workers), set(known) - set(workers)   # the refused were said already
+        self.asked = time.monotonic()
+
+    def __call__(self) -> int:
+        if time.monotonic() - self.asked >= POLL_SECONDS:
+            self.asked = time.monotonic()
+            try:
+                offered = scheduler_workers(self.address)
+            except Exception:            # the scheduler did not answer this time: keep the last count
+                return max(1, len(self.workers))
+            mine = course_resource()
+            workers = {worker for worker, resources in offered.items() if resources.get(mine)}
+            others = {worker for worker, resources in offered.items() if worker not in workers
+                      and any(name.startswith(RESOURCE_PREFIX) for name in resources)}
+            for worker in sorted(others - self.others):
+                self.say(f"refused worker {worker}: it holds another version of this course (Dask resource "
+                         f"{', '.join(r for r in offered[worker] if r.startswith(RESOURCE_PREFIX))}, here {mine})")
+            changes = [f"{worker} joined" for worker in sorted(workers - self.workers)] + \
+                      [f"{worker} left" for worker in sorted(self.workers - workers)]
+            if changes:
+                self.say(f"{'; '.join(changes)}: {len(workers)} workers of {self.address} grade")
+            self.workers, self.others = workers, others
+        return max(1, len(self.workers))
 
 
 # What a grading worker was started with (workbook-worker sets both for its Dask worker processes).

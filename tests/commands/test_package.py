@@ -310,6 +310,7 @@ def lost_by_fixtures(number: str, student: str) -> set[str]:
     return {call.grade_id for call in check_calls(number) if call.check in checks}
 
 
+@pytest.mark.extended          # every notebook's class through nbgrader and both platforms: CI's extended suites
 @pytest.mark.parametrize("platform, number, student", CASES, ids=["-".join(c) for c in CASES])
 def test_each_platform_gives_the_points_nbgrader_gives_cell_by_cell(platform, number, student, tmp_path_factory,
                                                                    request):

@@ -25,6 +25,7 @@ from browser_support import (ROOT, RUN_TIMEOUT_S, SCREENSHOTS, JupyterLab, LabNo
                              make_course_copy, markdown_headings, plotting_cells, write_filled_in_copy)
 
 pytestmark = [
+    pytest.mark.extended,       # a real browser: CI's extended suites (tests/conftest.py)
     pytest.mark.skipif(chromium_missing_reason() is not None, reason=chromium_missing_reason() or ""),
 ]
 

@@ -346,6 +346,7 @@ def instructor_in_the_hub(klass: HubClass, page) -> None:
     klass.timed("instructor: log in, formgrader in the hub, log out", started)
 
 
+@pytest.mark.extended          # a real hub: CI's extended suites (tests/conftest.py)
 @pytest.mark.skipif(hub_missing_reason() is not None, reason=hub_missing_reason() or "")
 def test_a_class_on_the_hub_from_release_to_feedback(hub_class):
     klass = hub_class
