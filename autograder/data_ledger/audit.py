@@ -45,6 +45,12 @@ def _worked_scenarios(per_update: int = 64) -> list[tuple[str, list[range], list
         ("two crashes, one replay and one omission, with empty spans logged",
          [range(0, total)], [range(0, crash), range(crash, crash), range(older, fetched), range(fetched + 10, total)]),
         ("training that stopped early", [range(0, total)], [range(0, crash)]),
+        # Omitted means expected and never trained: positions no expected span holds are not omitted.
+        ("one rank's share, every other update (the updates between are another rank's), its last one never "
+         "trained", by_update[::2], by_update[::2][:-1]),
+        # range(b, a) with b > a holds no position, whichever way round it was logged.
+        (f"an empty span logged backwards, range({crash}, {older}), which holds no position, in both lists",
+         [range(0, total), range(crash, older)], [range(0, total), range(crash, older)]),
     ]
 
 
