@@ -70,12 +70,18 @@ def _random_scenario(rng: random.Random, per_update: int) -> tuple[list[range], 
 
 
 def _call_audit(audit, expected, trained):
+    given = ([range(s.start, s.stop) for s in expected], [range(s.start, s.stop) for s in trained])
     try:
-        result = audit([range(s.start, s.stop) for s in expected], [range(s.start, s.stop) for s in trained])
+        result = audit(*given)
     except NotImplementedError:
         raise
     except Exception as exc:
         raise AssertionError(f"audit raised {type(exc).__name__}: {exc}") from None
+    for name, logged, after in zip(("expected", "trained"), (expected, trained), given):
+        expect(after == list(logged),
+               f"audit changed the list `{name}` it was given: it holds {_show(after)} afterwards instead of the "
+               f"spans as they were logged, {_show(list(logged))}. The logs are the record the audit reads; sort or "
+               f"merge a copy (sorted(...) makes one).")
     return _audit_result(result)
 
 
