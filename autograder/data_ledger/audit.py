@@ -69,7 +69,7 @@ def _random_scenario(rng: random.Random, per_update: int) -> tuple[list[range], 
     return expected, trained
 
 
-def _call_audit(audit, expected, trained):
+def _call_audit(audit, expected, trained, inputs_judged: bool = False):
     given = ([range(s.start, s.stop) for s in expected], [range(s.start, s.stop) for s in trained])
     try:
         result = audit(*given)
@@ -77,7 +77,7 @@ def _call_audit(audit, expected, trained):
         raise
     except Exception as exc:
         raise AssertionError(f"audit raised {type(exc).__name__}: {exc}") from None
-    for name, logged, after in zip(("expected", "trained"), (expected, trained), given):
+    for name, logged, after in zip(("expected", "trained"), (expected, trained), given if inputs_judged else ()):
         expect(after == list(logged),
                f"audit changed the list `{name}` it was given: it holds {_show(after)} afterwards instead of the "
                f"spans as they were logged, {_show(list(logged))}. The logs are the record the audit reads; sort or "
@@ -120,11 +120,13 @@ def _compare_audit(result, want, what: str) -> None:
 @graded_check("audit finds replayed and omitted positions as merged spans")
 def check_audit(audit, seed: int = 0, per_update: int = 64, random_runs: int = 20) -> None:
     for what, expected, trained in _worked_scenarios(per_update):
-        _compare_audit(_call_audit(audit, expected, trained), reference_audit(expected=expected, trained=trained), what)
+        _compare_audit(_call_audit(audit, expected, trained, inputs_judged=True),
+                       reference_audit(expected=expected, trained=trained), what)
     rng = random.Random(seed)
     for run in range(random_runs):
         expected, trained = _random_scenario(rng, per_update)
-        _compare_audit(_call_audit(audit, expected, trained), reference_audit(expected=expected, trained=trained),
+        _compare_audit(_call_audit(audit, expected, trained, inputs_judged=True),
+                       reference_audit(expected=expected, trained=trained),
                        f"random run {run} (trained spans {_show(trained, 6)})")
 
 
