@@ -422,6 +422,10 @@ def summarise(chosen: dict, results: dict, known: dict, totals: dict, args) -> s
         rows.append(f"| {label} | {len(group)} of {totals[label]} | {killed} | {len(alive)} | {len(equivalent)} | {score} |")
         survivors += [f"- `{m.key}` `{m.diff()}`" for m in alive]
         survivors += [f"- equivalent `{m.key}`: {known[m.key]}" for m in equivalent]
+        # A timeout counts as a kill (a test cell that runs out of time scores zero), but on a loaded machine it
+        # may hide a survivor: shown, to be rerun with a longer --timeout.
+        survivors += [f"- killed by the timeout `{m.key}`: `{m.diff()}`" for m in group
+                      if results[m.key][1].startswith("timed out")]
     return "\n".join([
         f"Mutants per exercise capped at {args.cap} (drawn round robin over the operators, reproducibly); "
         f"{args.timeout:.0f} s per mutant; made {time.strftime('%Y-%m-%d')} by `tools/mutate.py`.", "",
