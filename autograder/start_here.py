@@ -116,3 +116,11 @@ def check_same_weights_buffers(same_weights, seed: int = 0, hidden: int = 8) -> 
             "same_weights said True for two models with equal parameters whose BatchNorm running_mean "
             "differs by 0.5. Running statistics are buffers, not parameters, and a resumed model needs "
             "them too. Which method lists everything a model saves?")
+    counted = copy.deepcopy(model)
+    counted[1].num_batches_tracked += 1   # an integer buffer: state too, and saved with the rest
+    if bool(_verdict(same_weights, model, counted, "models that differ in an integer buffer")):
+        raise AssertionError(
+            f"same_weights said True for two models whose BatchNorm num_batches_tracked differs "
+            f"({int(model[1].num_batches_tracked)} vs {int(counted[1].num_batches_tracked)}): it is an integer "
+            f"(int64) buffer, and state too: a BatchNorm made with momentum=None averages its statistics over it. "
+            f"Compare every tensor of the state, whatever its dtype.")

@@ -4,6 +4,7 @@ writes, some of them as crashes leave them.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import warnings
@@ -33,6 +34,13 @@ def _returned_name(result) -> str | None:
     if isinstance(result, tuple) and len(result) == 2:
         with contextlib.suppress(TypeError):
             return os.path.basename(os.fspath(result[0]))
+    return None
+
+
+def _returned_folder(result) -> str | None:
+    if isinstance(result, tuple) and len(result) == 2:
+        with contextlib.suppress(TypeError):
+            return os.path.dirname(os.fspath(result[0]))
     return None
 
 
@@ -87,21 +95,32 @@ def check_load_latest_checkpoint_newest(load_latest_checkpoint, seed: int = 0, s
                 f"{names[-1]!r} holds a later step ({names[-1]!r} sorts before {max(names)!r}: text compares digit "
                 f"by digit). Compare the step numbers, not the names.")
         _expect_result(result, latest, written[latest], f"With checkpoints {', '.join(names)}")
-    with _scratch_directory() as directory:  # the same run's folder, restored from a copy made latest step first
-        written = _write_checkpoints(directory, steps[::-1], seed)
-        latest = os.path.join(directory, f"step_{steps[-1]}.pt")
-        last_modified = list(written)[-1]
-        result, _ = _call_loader(load_latest_checkpoint, directory)
-        if _returned_name(result) == os.path.basename(last_modified):
-            raise AssertionError(
-                f"load_latest_checkpoint returned {os.path.basename(last_modified)!r}, the file modified last, "
-                f"but {os.path.basename(latest)!r} records a later step. This folder was restored from a copy "
-                f"made latest step first, so its modification times run against the steps. A modification time "
-                f"says when a file was last written, not how far training had got: a copy (cp without -p, rsync "
-                f"without -t, a download) resets it, and saves closer together than the filesystem's timestamp "
-                f"resolution share one. Order by the step: the n of step_<n>.pt, or checkpoint['step'].")
-        _expect_result(result, latest, written[latest],
-                       f"With checkpoints {', '.join(os.path.basename(p) for p in written)} (copied in that order)")
+        with _scratch_directory() as restored:  # the run's folder restored from a copy made latest step first
+            _expect_own_folder(load_latest_checkpoint, restored, directory, steps, seed)
+
+
+def _expect_own_folder(load_latest_checkpoint, directory, earlier, steps, seed) -> None:
+    """The restored copy, judged while the folder of the call before still exists."""
+    written = _write_checkpoints(directory, steps[::-1], seed)
+    latest = os.path.join(directory, f"step_{steps[-1]}.pt")
+    last_modified = list(written)[-1]
+    result, _ = _call_loader(load_latest_checkpoint, directory)
+    if _returned_folder(result) == earlier:
+        raise AssertionError(
+            f"Called on a second folder, load_latest_checkpoint returned {_returned_name(result)!r} of the "
+            f"folder its previous call was given: something kept from call to call (a mutable default "
+            f"argument such as `steps={{}}`, a module-level cache) still lists that folder's checkpoints. "
+            f"Build every list and dict inside the function, for the `directory` of this call.")
+    if _returned_name(result) == os.path.basename(last_modified):
+        raise AssertionError(
+            f"load_latest_checkpoint returned {os.path.basename(last_modified)!r}, the file modified last, "
+            f"but {os.path.basename(latest)!r} records a later step. This folder was restored from a copy "
+            f"made latest step first, so its modification times run against the steps. A modification time "
+            f"says when a file was last written, not how far training had got: a copy (cp without -p, rsync "
+            f"without -t, a download) resets it, and saves closer together than the filesystem's timestamp "
+            f"resolution share one. Order by the step: the n of step_<n>.pt, or checkpoint['step'].")
+    _expect_result(result, latest, written[latest],
+                   f"With checkpoints {', '.join(os.path.basename(p) for p in written)} (copied in that order)")
 
 
 @graded_check("load_latest_checkpoint: skips unreadable checkpoints with a warning")
@@ -116,15 +135,32 @@ def check_load_latest_checkpoint_unreadable(load_latest_checkpoint, seed: int = 
             f.write(data[: len(data) // 2])
         empty = os.path.join(directory, f"step_{max(steps) + 2}.pt")  # killed right after opening
         open(empty, "wb").close()
+        # Complete, but it holds an object torch.load(weights_only=True) refuses: unpickling it runs code.
+        unsafe = os.path.join(directory, f"step_{max(steps) + 3}.pt")
+        torch.save({**make_checkpoint(max(steps) + 3, layers=2, layer_kib=4, seed=seed),
+                    "args": argparse.Namespace(lr=0.1)}, unsafe)
         os.utime(truncated, (later, later))
         os.utime(empty, (later + 60, later + 60))
+        os.utime(unsafe, (later + 120, later + 120))
         result, messages = _call_loader(
             load_latest_checkpoint, directory,
             "A damaged checkpoint can make torch.load raise more than one kind of exception (an empty file "
             "raises EOFError, a truncated one RuntimeError): skipping a bad file must not depend on which.")
+        if _returned_name(result) == os.path.basename(unsafe):
+            raise AssertionError(
+                f"load_latest_checkpoint returned {os.path.basename(unsafe)!r}, which torch.load(path, "
+                f"weights_only=True) refuses: it holds an argparse.Namespace, and loading it took weights_only=False, "
+                f"which unpickles arbitrary objects and so runs code from the file. A checkpoint that does not load "
+                f"with weights_only=True is one to skip (with a warning), never to load another way.")
         _expect_result(result, good, written[good],
-                       "The two newest files are a truncated and an empty checkpoint (crashed writes)")
-        for skipped in (truncated, empty):
+                       "The three newest files are a truncated and an empty checkpoint (crashed writes) and one "
+                       "that torch.load(weights_only=True) refuses")
+        gone = [os.path.basename(p) for p in (truncated, empty, unsafe) if not os.path.exists(p)]
+        expect(not gone,
+               f"load_latest_checkpoint deleted {', '.join(gone)}, which it could not load. Skip such a file and keep "
+               f"it: a damaged checkpoint is the evidence of what crashed, and one that weights_only=True refuses may "
+               f"hold a whole run. Only .tmp files (never committed) are removed.")
+        for skipped in (truncated, empty, unsafe):
             name = os.path.basename(skipped)
             expect(any(name in m for m in messages),
                    f"load_latest_checkpoint skipped {name!r} without a warning naming it"
@@ -147,6 +183,8 @@ def check_load_latest_checkpoint_temp_files(load_latest_checkpoint, seed: int = 
         complete_temp = os.path.join(directory, f"step_{max(steps) + 1}.pt{TEMP_SUFFIX}")
         torch.save(make_checkpoint(max(steps) + 1, layers=2, layer_kib=4, seed=seed), complete_temp)
         partial_temp = os.path.join(directory, f"tmpk3x9q{TEMP_SUFFIX}")
+        hidden_temp = os.path.join(directory, f".step_{max(steps) + 2}.pt.x7q2m{TEMP_SUFFIX}")   # a dot-file
+        Path(hidden_temp).write_bytes(b"PK\x03\x04 a writer's hidden temp file")
         with open(partial_temp, "wb") as f:
             f.write(b"PK\x03\x04 half a checkpoint")
         notes = os.path.join(directory, "notes.txt")
@@ -161,6 +199,10 @@ def check_load_latest_checkpoint_temp_files(load_latest_checkpoint, seed: int = 
                 f"happens to load. Only *{CHECKPOINT_SUFFIX} files are checkpoints.")
         _expect_result(result, good, written[good], "Next to temp files left by crashed writers")
         left = sorted(n for n in os.listdir(directory) if n.endswith(TEMP_SUFFIX))
+        expect(left != [os.path.basename(hidden_temp)],
+               f"load_latest_checkpoint left {os.path.basename(hidden_temp)!r} in place: its name begins with a dot, "
+               f"which glob's `*` does not match (glob.glob and the shell skip hidden files). A writer may hide its "
+               f"temp file so: list the folder (os.listdir) and remove every name that ends in {TEMP_SUFFIX}.")
         expect(not left, f"load_latest_checkpoint left the temp files {', '.join(left)} in place: crashed writers' "
                          f"leftovers pile up with every crash. Remove them.")
         expect(os.path.exists(notes), "load_latest_checkpoint removed notes.txt, which is not a temp file.")

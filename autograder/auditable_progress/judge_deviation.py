@@ -19,9 +19,9 @@ def _report(unit: str, global_batch: int, strata: dict) -> dict:
                        for name, (e, r, c, o, x) in strata.items()}}
 
 
-def _judge(judge_deviation, report, inputs_judged: bool = False) -> dict:
+def _judge(judge_deviation, report, inputs_judged: bool = False, call: str = "judge_deviation(report)") -> dict:
     given = copy.deepcopy(report)
-    with failing_if_raised("judge_deviation(report)"):
+    with failing_if_raised(call):
         verdict = judge_deviation(given)
     if inputs_judged and given != report:
         name = next((n for n in report["strata"] if given.get("strata", {}).get(n) != report["strata"][n]), None)
@@ -152,6 +152,15 @@ def check_judge_deviation_rates(judge_deviation, seed: int = 0) -> None:
                 f"verdict['rates'][{name!r}][{kind!r}] is {float(got[kind]):.6g}, expected {value:.6g} "
                 f"({_strata_text(report)}): the {kind} rate of a stratum is its defective positions over its "
                 f"expected positions.{cause}")
+    # A stratum of the mixture can expect nothing this time (its share rounds to zero): nothing to replay or
+    # omit there, so both of its rates are 0.0.
+    empty = _report(unit, batch, {**strata, "curated": (0, 0, 0, 0, 0)})
+    verdict = _judge(judge_deviation, empty, call="judge_deviation(report) with a stratum ('curated') that expects "
+                                                  "nothing this time, whose rates are 0.0")
+    got = verdict["rates"].get("curated") if isinstance(verdict["rates"], dict) else None
+    expect(isinstance(got, dict) and all(float(got.get(kind, -1)) == 0.0 for kind in ("duplicate", "omission")),
+           f"verdict['rates']['curated'] is {got!r:.80} for a stratum that expects nothing this time "
+           f"({_strata_text(empty)}): nothing can be replayed or omitted there, so both rates are 0.0.")
 
 
 JUDGE_DEVIATION_CHECKS = ("check_judge_deviation_accepts", "check_judge_deviation_replay",

@@ -102,9 +102,14 @@ def _expect_rejected(verify_resume, run, manifest, resumed, step, trap) -> None:
 def check_verify_resume_accepts(verify_resume, seed: int = 0) -> None:
     run = _Run(seed)
     manifest, cursor = run.manifest(), run.cursor
+    other_torch = {**run.resumed(cursor), "torch": "2.15.0"}
     for what, resumed in (("a resume on the same 4 ranks", run.resumed(cursor)),
                           ("a resume on 2 ranks that rebuilt the remaining global order and dealt it anew (same "
-                           "global batch, twice the accumulation steps)", run.resumed(cursor, world=2))):
+                           "global batch, twice the accumulation steps)", run.resumed(cursor, world=2)),
+                          (f"a resume under another PyTorch ({other_torch['torch']}; the manifest records "
+                           f"{manifest['torch']}), whose identifiers match: the torch field is recorded for a person "
+                           f"to read, and no step judges it. Whether the data order changed, the identifiers show",
+                           other_torch)):
         report = _verify(verify_resume, manifest, run.checkpoint(), resumed, inputs_judged=True)
         expect(report["ok"],
                f"verify_resume rejected {what}, for {report['failed']}: the manifest and the checkpoint agree "

@@ -22,8 +22,8 @@ So do ``_train``, ``_random_scenario`` and ``_scale_case``, which the tests and
 """
 
 from .audit import _random_scenario, _scale_case, check_audit, check_audit_scale, probe_audit_memory  # noqa: F401
-from .ledger import (_train, check_ledger_counts, check_ledger_resume, check_ledger_state_dict,  # noqa: F401
-                     probe_state_saved_later)
+from .ledger import (_train, check_ledger_counts, check_ledger_new_configuration, check_ledger_resume,  # noqa: F401
+                     check_ledger_state_dict, probe_state_saved_later)
 from .samples_per_update import check_samples_per_update  # noqa: F401
 from .window_digest import (HASH_SEEDS, check_window_digest_boundaries, check_window_digest_order,  # noqa: F401
                             probe_digests_in_new_interpreters)

@@ -45,6 +45,12 @@ def _worked_scenarios(per_update: int = 64) -> list[tuple[str, list[range], list
         ("two crashes, one replay and one omission, with empty spans logged",
          [range(0, total)], [range(0, crash), range(crash, crash), range(older, fetched), range(fetched + 10, total)]),
         ("training that stopped early", [range(0, total)], [range(0, crash)]),
+        # Omitted means expected and never trained: positions no expected span holds are not omitted.
+        ("one rank's share, every other update (the updates between are another rank's), its last one never "
+         "trained", by_update[::2], by_update[::2][:-1]),
+        # range(b, a) with b > a holds no position, whichever way round it was logged.
+        (f"an empty span logged backwards, range({crash}, {older}), which holds no position, in both lists",
+         [range(0, total), range(crash, older)], [range(0, total), range(crash, older)]),
     ]
 
 
@@ -63,13 +69,19 @@ def _random_scenario(rng: random.Random, per_update: int) -> tuple[list[range], 
     return expected, trained
 
 
-def _call_audit(audit, expected, trained):
+def _call_audit(audit, expected, trained, inputs_judged: bool = False):
+    given = ([range(s.start, s.stop) for s in expected], [range(s.start, s.stop) for s in trained])
     try:
-        result = audit([range(s.start, s.stop) for s in expected], [range(s.start, s.stop) for s in trained])
+        result = audit(*given)
     except NotImplementedError:
         raise
     except Exception as exc:
         raise AssertionError(f"audit raised {type(exc).__name__}: {exc}") from None
+    for name, logged, after in zip(("expected", "trained"), (expected, trained), given if inputs_judged else ()):
+        expect(after == list(logged),
+               f"audit changed the list `{name}` it was given: it holds {_show(after)} afterwards instead of the "
+               f"spans as they were logged, {_show(list(logged))}. The logs are the record the audit reads; sort or "
+               f"merge a copy (sorted(...) makes one).")
     return _audit_result(result)
 
 
@@ -108,11 +120,13 @@ def _compare_audit(result, want, what: str) -> None:
 @graded_check("audit finds replayed and omitted positions as merged spans")
 def check_audit(audit, seed: int = 0, per_update: int = 64, random_runs: int = 20) -> None:
     for what, expected, trained in _worked_scenarios(per_update):
-        _compare_audit(_call_audit(audit, expected, trained), reference_audit(expected=expected, trained=trained), what)
+        _compare_audit(_call_audit(audit, expected, trained, inputs_judged=True),
+                       reference_audit(expected=expected, trained=trained), what)
     rng = random.Random(seed)
     for run in range(random_runs):
         expected, trained = _random_scenario(rng, per_update)
-        _compare_audit(_call_audit(audit, expected, trained), reference_audit(expected=expected, trained=trained),
+        _compare_audit(_call_audit(audit, expected, trained, inputs_judged=True),
+                       reference_audit(expected=expected, trained=trained),
                        f"random run {run} (trained spans {_show(trained, 6)})")
 
 

@@ -222,3 +222,45 @@ def check_ledger_state_dict(Ledger, config=WORKED_EXAMPLE, updates: int = 5,
     expect(_counter(resumed, "committed") == committed + per_update,
            f"After load_state_dict, one more update should bring committed to {committed + per_update:,}, "
            f"but it is {_counter(resumed, 'committed'):,}.")
+
+
+def _one_update(ledger, config) -> int:
+    """What one update's commit adds to the ledger's committed count."""
+    before = _counter(ledger, "committed")
+    for _ in range(config[2]):
+        ledger.fetch(config[0] * config[1])
+    ledger.commit()
+    return _counter(ledger, "committed") - before
+
+
+@graded_check("a saved ledger restores into a job with another configuration: positions carry over, its own "
+              "configuration counts the next updates")
+def check_ledger_new_configuration(Ledger, config=WORKED_EXAMPLE, restart=(4, 2, 2), updates: int = 5) -> None:
+    # The restarted job may run on another number of ranks or accumulate differently: the saved state is
+    # in positions (the data order does not change with the job), and the new ledger's own configuration
+    # decides what its next commit adds. Judged against the ledger's own counts (what one commit adds in
+    # each configuration, measured on fresh ledgers), so that this check is about the restart only.
+    old, new = (_one_update(_new_ledger(Ledger, c), c) for c in (config, restart))
+    ledger = _new_ledger(Ledger, config)
+    _train(ledger, config, updates, prefetch=1, partial=1)
+    committed = _counter(ledger, "committed")
+    with failing_if_raised("ledger.state_dict()"):
+        saved = ledger.state_dict()
+    resumed = _new_ledger(Ledger, restart)
+    with failing_if_raised(f"load_state_dict into Ledger{restart}"):
+        resumed.load_state_dict(saved)
+    got = _counter(resumed, "committed")
+    expect(got == committed,
+           f"A ledger saved at {committed:,} committed positions by a job with (world_size, micro_batch, "
+           f"accum_steps) = {config} (one update = {old} positions) was loaded into a restarted job with "
+           f"{restart} (one update = {new} positions), and its committed count is {got:,}"
+           + (f" = {committed // old} updates of the new job" if old and got == committed // old * new else "")
+           + ". The data order does not change with the job: save positions, not a count of updates, so the "
+             "committed position means the same in any configuration.")
+    after = got + _one_update(resumed, restart)
+    expect(after == committed + new,
+           f"After loading the state into a job with {restart} (one update = {new} positions), one update "
+           f"brought committed from {committed:,} to {after:,}"
+           + (f": it added the saved job's {old} positions per update" if after == committed + old else "")
+           + f". The restarted job's own configuration, the one its ledger was made with, decides what a commit "
+             f"adds; should be {committed + new:,}.")

@@ -41,6 +41,14 @@ def _watch(run_dir: Path, fail_pointer: bool = False, slow: float = 0.0) -> Rena
     return RenameWatch(after_rename, fail_onto=pointer if fail_pointer else None, slow=slow)
 
 
+def _pointer_text(run_dir: Path) -> str | None:
+    """What ``latest`` holds, as written (``_read_pointer`` strips it)."""
+    path = run_dir / POINTER
+    if path.is_symlink() or not path.is_file():
+        return None
+    return path.read_bytes()[:200].decode("utf-8", "replace")
+
+
 def _watched_save(save_checkpoint, run_dir: Path, state: dict, step: int, in_a_child: bool = False,
                   **watch) -> dict:
     """One call, watched: its events, what it raised (if anything), and the run folder afterwards."""
@@ -56,6 +64,7 @@ def _watched_save(save_checkpoint, run_dir: Path, state: dict, step: int, in_a_c
             raised = f"{type(exc).__name__}: {exc}"
     tree = folder_tree(run_dir)      # every file's digest: read once
     return {"events": watched.events, "raised": raised, "tree": tree, "pointer": _read_pointer(run_dir),
+            "pointer_text": _pointer_text(run_dir),
             "pointer_inode": inode_of(run_dir / POINTER), "pointer_is_symlink": (run_dir / POINTER).is_symlink(),
             "run_dir_inode": inode_of(run_dir),
             "inodes": {f"{name}/{METADATA}": inode_of(run_dir / name / METADATA) for name in tree}
@@ -171,6 +180,11 @@ def check_save_checkpoint_pointer(save_checkpoint, seed: int = 0) -> None:
            f"After save_checkpoint(state, run_dir, {step}), run_dir/latest holds {second['pointer']!r}, not the "
            f"name of the folder just saved ({new!r}): the pointer holds the newest durable folder's name (a "
            f"name, not a path, so that a run folder that is copied or moved keeps working).")
+    expect(second["pointer_text"] in (new, new + "\n"),
+           f"After save_checkpoint(state, run_dir, {step}), run_dir/latest holds {second['pointer_text']!r}: the "
+           f"pointer holds exactly the folder's name ({new!r}), with at most one newline after it. A reader that "
+           f"takes the file as written (open(...).read(), or .rstrip('\\n')) looks for a folder named "
+           f"{second['pointer_text'].rstrip(chr(10))!r}, which does not exist.")
     renames = _pointer_renames(second, run_dir)
     expect(renames and second["pointer_inode"] != first["pointer_inode"],
            "`latest` was written in place (open(...).write), not renamed into place: a crash or a reader in the "

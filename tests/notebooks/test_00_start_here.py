@@ -48,3 +48,16 @@ def test_torch_behaviour_the_notebook_teaches():
         w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(float("inf")))
     assert torch.allclose(model[0].weight, twin[0].weight)       # a tolerance calls them equal
     assert not torch.equal(model[0].weight, twin[0].weight)      # exact comparison does not
+
+
+def test_torch_facts_the_exercise_text_and_messages_state():
+    """torch.equal's reading of signed zeros and NaN (the exercise accepts it and a bit comparison alike),
+    and num_batches_tracked: an int64 buffer that a BatchNorm made with momentum=None averages over."""
+    assert torch.equal(torch.tensor([-0.0]), torch.tensor([0.0]))
+    assert not torch.equal(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
+    norm = torch.nn.BatchNorm1d(2, momentum=None)
+    batches = [torch.randn(8, 2, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+    for batch in batches:
+        norm(batch)
+    assert norm.num_batches_tracked.dtype == torch.int64 and int(norm.num_batches_tracked) == 3
+    assert torch.allclose(norm.running_mean, torch.stack([b.mean(0) for b in batches]).mean(0))
