@@ -302,6 +302,11 @@ def run_to_the_end(entry, args: tuple, world_size: int, method: str) -> tuple[di
     return {rank: process.exitcode for rank, process in enumerate(context.processes)}, errors
 
 
+def _lost_a_peer(message: str) -> bool:
+    return any(words in message for words in ("Connection reset by peer", "Connection closed by peer",
+                                             "Broken pipe"))
+
+
 def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
     """Run one job of ``job.world_size`` processes to the end, or until a rank dies.
 
@@ -317,6 +322,10 @@ def launch(job: Job, say=print, allow_errors: bool = False) -> JobReport:
     started = time.perf_counter()
     exit_codes, errors = run_to_the_end(_worker, (job,), job.world_size, method)
     del store
+    if job.kill is not None and exit_codes.get(job.kill[0]) == -signal.SIGKILL:
+        # A rank that lost its connection to the killed one failed because of the crash, not on its own: on a
+        # loaded machine its error can reach the launcher before the killed rank's end does.
+        errors = {rank: message for rank, message in errors.items() if not _lost_a_peer(message)}
     seconds = time.perf_counter() - started
     workdir = Path(job.workdir)
     checkpoint = torch.load(job.checkpoint_path, weights_only=True) if job.checkpoint_path.exists() else None

@@ -254,7 +254,8 @@ def test_a_release_reads_older_checkpoints_and_2_15s_do_not_load_on_2_13_or_2_14
 
 def test_the_shipped_checkpoint_is_what_its_release_writes(tmp_path, monkeypatch):
     """The files in cross_release are the installed release's own, where it is one of the two (2.13 or 2.15):
-    the same save here writes the same shard and a marker of the same length and content, bar its save id."""
+    the same save here writes the same shard and a marker of the same content, bar its save id. (Not of the
+    same length: the marker is a pickle, and Python 3.11.2 pickles an enum member longer than 3.11.7 does.)"""
     shipped = next((r for r in cross_release.WRITTEN if _release(r) == INSTALLED), None)
     if shipped is None:
         pytest.skip(f"torch {torch.__version__} wrote none of the shipped checkpoints")
@@ -263,7 +264,6 @@ def test_the_shipped_checkpoint_is_what_its_release_writes(tmp_path, monkeypatch
     theirs = cross_release.written_by(shipped, tmp_path / "shipped")
     ours = tmp_path / "step_8"
     assert (ours / "__0_0.distcp").read_bytes() == (theirs / "__0_0.distcp").read_bytes()
-    assert (ours / ".metadata").stat().st_size == (theirs / ".metadata").stat().st_size
     read = [FileSystemReader(str(f)).read_metadata() for f in (ours, theirs)]
     assert read[0].state_dict_metadata == read[1].state_dict_metadata
     assert read[0].storage_data == read[1].storage_data
