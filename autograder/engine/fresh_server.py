@@ -21,7 +21,7 @@ import tempfile
 import traceback
 
 from . import portable
-from .confinement import _READABLE, confine, readable_roots
+from .confinement import _READABLE, _prctl, confine, readable_roots
 from .fresh_wire import _decode, _described, _encode, _receive_frame, _send_frame
 
 # Bound when this module is imported (before any submitted code runs in a sandbox): the little of the
@@ -236,6 +236,9 @@ def _reap(signum, frame) -> None:
 def _child(request: dict, connection_fd: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setpgid(0, 0)          # its own group: the caller ends it with everything it started
+    # It adopts the orphans of what its task starts, while the task runs: the server, which ends every
+    # child it did not fork, gets them only once this child has ended (_reap).
+    _prctl(36, 1)             # PR_SET_CHILD_SUBREAPER
     signal.alarm(int(request["timeout"]) + 2)   # and it ends itself when nobody does
     folder = request["folder"]
     os.environ.clear()
