@@ -208,12 +208,15 @@ RESULT = (sum(int.from_bytes(told[i:i + 8], 'little') for i in range(0, len(told
 
 def test_a_memory_cgroup_counts_what_its_sockets_hold():
     """Kernel memory queued in sockets belongs to no process's count. Eight processes fill 500 Unix socket pairs
-    each: unbounded, 1.7 GiB of data (about 220 KiB a socket), past this sandbox's 1.5 GiB. A memory cgroup
-    counts it: sends fail (or the processes are ended) before. The watchdog cannot see it (there the bound
+    each: unbounded, 1.7 GiB of data (about 220 KiB a socket), past this sandbox's 1.5 GiB. A cgroup v2 memory
+    group counts it: sends fail (or the processes are ended) before. The watchdog cannot see it (there the bound
     is open files times processes: docs/grading.md, "What is not defended")."""
     with Sandbox(_SMALL, cell_seconds=60) as box:
         if box.confinement["memory"] != "cgroup":
             pytest.skip(f"no memory cgroup ({box.confinement['memory']}): the watchdog does not count socket buffers")
+        if "v2" not in (box._cgroup or {}):
+            pytest.skip("a cgroup v1 memory group does not reliably charge Unix socket buffers (one CI run queued "
+                        "1.8 GiB past a 1.5 GiB bound): docs/grading.md says so; cgroup v2 counts them (sock)")
         try:
             queued, killed = value(box, _SOCKET_HOARD)
         except SandboxDied as died:          # the cgroup's OOM killer ended the sandbox
